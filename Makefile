@@ -1,0 +1,27 @@
+# The two set-up commands of the README are `make run` and `make test`; everything they need is installed here.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU wheel on this machine kind; GPU users set TORCH_SPEC to their CUDA build (the package metadata is a range).
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install run test bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e '.[test,zoo]'
+	touch $@
+
+run: install
+	$(BIN)/alloy start --demo
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) var

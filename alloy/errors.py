@@ -1,0 +1,93 @@
+"""The one error type of Alloy.
+
+Every failure a client can see is an :class:`AlloyError` carrying one code. The first six codes are the
+service specification's; the rest are the ones an HTTP service cannot do without (authentication, unknown
+resources, conflicts, readiness). Each code has exactly one HTTP status, so the mapping lives here and
+nowhere else.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+
+class ErrorCode(str, Enum):
+    # From the service specification.
+    INCOMPATIBLE_MODELS = "INCOMPATIBLE_MODELS"
+    INVALID_STRATEGY = "INVALID_STRATEGY"
+    MODEL_NOT_FOUND = "MODEL_NOT_FOUND"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    GPU_UNAVAILABLE = "GPU_UNAVAILABLE"
+    VALIDATION_FAILED = "VALIDATION_FAILED"
+    # Added by Alloy (documented in the README's error table).
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    FORBIDDEN = "FORBIDDEN"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CONFLICT = "CONFLICT"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    SCHEMA_MISMATCH = "SCHEMA_MISMATCH"
+    SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+
+
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INCOMPATIBLE_MODELS: 422,
+    ErrorCode.INVALID_STRATEGY: 422,
+    ErrorCode.MODEL_NOT_FOUND: 404,
+    ErrorCode.QUOTA_EXCEEDED: 429,
+    ErrorCode.GPU_UNAVAILABLE: 503,
+    ErrorCode.VALIDATION_FAILED: 422,
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.ALREADY_EXISTS: 409,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.SCHEMA_MISMATCH: 503,
+    ErrorCode.SERVICE_UNAVAILABLE: 503,
+    ErrorCode.INTERNAL_ERROR: 500,
+}
+
+
+class AlloyError(Exception):
+    """A failure with a stable code, a human message and optional structured details."""
+
+    def __init__(self, code: ErrorCode | str, message: str, details: dict[str, Any] | None = None):
+        self.code = ErrorCode(code)
+        self.message = message
+        self.details = details or {}
+        super().__init__(f"{self.code.value}: {message}")
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+    def to_dict(self, request_id: str | None = None) -> dict[str, Any]:
+        """The wire shape: ``{"error": {"code", "message", "details", "request_id"}}``."""
+        return {
+            "error": {
+                "code": self.code.value,
+                "message": self.message,
+                "details": self.details,
+                "request_id": request_id,
+            }
+        }
+
+    def __reduce__(self):  # keep the code across Ray's process boundaries
+        return (AlloyError, (self.code.value, self.message, self.details))
+
+
+def validation_failed(message: str, **details: Any) -> AlloyError:
+    return AlloyError(ErrorCode.VALIDATION_FAILED, message, details)
+
+
+def model_not_found(model_id: str) -> AlloyError:
+    return AlloyError(ErrorCode.MODEL_NOT_FOUND, f"model {model_id!r} is not registered", {"model_id": model_id})
+
+
+def not_found(kind: str, identifier: str) -> AlloyError:
+    return AlloyError(ErrorCode.NOT_FOUND, f"{kind} {identifier!r} does not exist", {kind: identifier})
