@@ -126,6 +126,7 @@ class TrialRow(Base):
     """One evolution candidate."""
 
     __tablename__ = "trials"
+    __table_args__ = (Index("ix_trials_experiment_generation", "experiment_id", "generation"),)
 
     experiment_id: Mapped[str] = mapped_column(
         ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True

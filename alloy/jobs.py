@@ -1,0 +1,253 @@
+"""The job store: merge, evaluation and evolution jobs, their state machine and their history.
+
+Every state change is a compare-and-set (``UPDATE ... WHERE id = :id AND state = :seen``), so when two processes
+race to move the same job exactly one wins and the other gets CONFLICT. ``requeue`` puts an interrupted job back
+to CREATED for replay after a crash; the history (``events``) keeps what happened.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import func, select, update
+
+from alloy.db import Database, Page
+from alloy.db.models import JobEventRow, JobRow
+from alloy.db.page import check_paging
+from alloy.db.types import utcnow
+from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
+
+
+class JobKind(str, Enum):
+    MERGE = "merge"
+    EVALUATION = "evaluation"
+    EVOLUTION = "evolution"
+
+
+class JobState(str, Enum):
+    CREATED = "CREATED"
+    PREPARING = "PREPARING"
+    RUNNING = "RUNNING"
+    EVALUATING = "EVALUATING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED})
+NON_TERMINAL_STATES = frozenset(set(JobState) - TERMINAL_STATES)
+
+# Forward moves; FAILED is reachable from every non-terminal state and CREATED only through requeue().
+LEGAL_MOVES: dict[JobState, frozenset[JobState]] = {
+    JobState.CREATED: frozenset({JobState.PREPARING, JobState.FAILED}),
+    JobState.PREPARING: frozenset({JobState.RUNNING, JobState.FAILED}),
+    JobState.RUNNING: frozenset({JobState.EVALUATING, JobState.COMPLETED, JobState.FAILED}),
+    JobState.EVALUATING: frozenset({JobState.COMPLETED, JobState.FAILED}),
+    JobState.COMPLETED: frozenset(),
+    JobState.FAILED: frozenset(),
+}
+
+JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+TRANSITION_FIELDS = frozenset({"progress", "result", "error"})
+CAS_RETRIES = 5
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class JobRecord(BaseModel):
+    id: str
+    kind: JobKind
+    state: JobState
+    progress: dict[str, Any]
+    request: dict[str, Any]
+    result: dict[str, Any] | None
+    error: JobError | None
+    owner: str | None
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: JobRow) -> "JobRecord":
+        return cls(
+            id=row.id, kind=row.kind, state=row.state, progress=row.progress or {}, request=row.request or {},
+            result=row.result, error=row.error, owner=row.owner, attempts=row.attempts, created_at=row.created_at,
+            updated_at=row.updated_at, started_at=row.started_at, finished_at=row.finished_at,
+        )
+
+
+class JobEvent(BaseModel):
+    id: int
+    job_id: str
+    event: str  # created | transition | interrupted | replayed
+    from_state: JobState | None
+    to_state: JobState | None
+    reason: str | None
+    details: dict[str, Any] | None
+    at: datetime
+
+
+def _conflict(job_id: str, current: str, target: str, why: str = "illegal move") -> AlloyError:
+    return AlloyError(
+        ErrorCode.CONFLICT, f"job {job_id!r}: {why} {current} -> {target}",
+        {"job_id": job_id, "state": current, "requested": target},
+    )
+
+
+class JobStore:
+    def __init__(self, db: Database):
+        self.db = db
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def create(self, kind: JobKind | str, request: dict[str, Any], owner: str | None = None,
+               job_id: str | None = None) -> JobRecord:
+        try:
+            kind = JobKind(kind)
+        except ValueError:
+            raise validation_failed(f"unknown job kind {kind!r}", allowed=[k.value for k in JobKind]) from None
+        job_id = job_id or uuid.uuid4().hex
+        if not JOB_ID_PATTERN.fullmatch(job_id):
+            raise validation_failed("invalid job id", job_id=job_id)
+        now = utcnow()
+        row = JobRow(id=job_id, kind=kind.value, state=JobState.CREATED.value, progress={}, request=request,
+                     owner=owner, attempts=0, created_at=now, updated_at=now)
+        with self.db.session() as session:
+            if session.get(JobRow, job_id) is not None:
+                raise AlloyError(ErrorCode.ALREADY_EXISTS, f"job {job_id!r} already exists", {"job_id": job_id})
+            session.add(row)
+            session.flush()
+            session.add(JobEventRow(job_id=job_id, event="created", to_state=JobState.CREATED.value, at=now))
+        return JobRecord.from_row(row)
+
+    def transition(self, job_id: str, state: JobState | str, **fields: Any) -> JobRecord:
+        """Move a job forward (see LEGAL_MOVES). ``fields``: ``progress`` (merged), ``result``, ``error``."""
+        target = JobState(state)
+        unknown = set(fields) - TRANSITION_FIELDS
+        if unknown:
+            raise TypeError(f"transition() got unexpected fields {sorted(unknown)}")
+        return self._move(job_id, target, lambda current: target in LEGAL_MOVES[current], fields)
+
+    def complete(self, job_id: str, result: dict[str, Any]) -> JobRecord:
+        return self.transition(job_id, JobState.COMPLETED, result=result, progress={"percent": 100.0})
+
+    def fail(self, job_id: str, code: ErrorCode | str, message: str) -> JobRecord:
+        code = code.value if isinstance(code, ErrorCode) else str(code)
+        return self.transition(job_id, JobState.FAILED, error={"code": code, "message": message})
+
+    def requeue(self, job_id: str, reason: str) -> JobRecord:
+        """Put a non-terminal job back to CREATED so it is replayed (recovery after an interruption)."""
+        return self._move(job_id, JobState.CREATED, lambda current: not current.terminal, {}, reason=reason)
+
+    def update_progress(self, job_id: str, **progress: Any) -> JobRecord:
+        """Merge keys into the job's progress (percent, tensors_done, bytes_done, generation, best, ...)."""
+        for _ in range(CAS_RETRIES):
+            with self.db.session() as session:
+                row = self._row(session, job_id)
+                current = JobState(row.state)
+                if current.terminal:
+                    raise _conflict(job_id, current.value, current.value, "progress after the end:")
+                merged = {**(row.progress or {}), **progress}
+                changed = session.execute(
+                    update(JobRow).where(JobRow.id == job_id, JobRow.state == current.value)
+                    .values(progress=merged, updated_at=utcnow())
+                    .execution_options(synchronize_session=False)
+                ).rowcount
+            if changed == 1:
+                return self.get(job_id)
+        raise _conflict(job_id, "?", "progress", "kept changing state during")
+
+    def _move(self, job_id: str, target: JobState, allowed, fields: dict[str, Any],
+              reason: str | None = None) -> JobRecord:
+        with self.db.session() as session:
+            row = self._row(session, job_id)
+            current = JobState(row.state)
+            if not allowed(current):
+                raise _conflict(job_id, current.value, target.value)
+            now = utcnow()
+            values: dict[str, Any] = {"state": target.value, "updated_at": now}
+            if "progress" in fields:
+                values["progress"] = {**(row.progress or {}), **(fields["progress"] or {})}
+            if "result" in fields:
+                values["result"] = fields["result"]
+            if "error" in fields:
+                values["error"] = JobError.model_validate(fields["error"]).model_dump()
+            if target is JobState.PREPARING and row.started_at is None:
+                values["started_at"] = now
+            if target.terminal:
+                values["finished_at"] = now
+            event = "transition"
+            if target is JobState.CREATED:  # requeue: forget the interrupted attempt's progress and error
+                values.update(progress={}, error=None, attempts=row.attempts + 1)
+                event = "interrupted"
+            elif current is JobState.CREATED and row.attempts > 0:
+                event = "replayed"
+            changed = session.execute(
+                update(JobRow).where(JobRow.id == job_id, JobRow.state == current.value).values(**values)
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            if changed != 1:
+                raise _conflict(job_id, current.value, target.value, "lost a concurrent move")
+            session.add(JobEventRow(job_id=job_id, event=event, from_state=current.value, to_state=target.value,
+                                    reason=reason, details=values.get("error"), at=now))
+        return self.get(job_id)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def _row(session, job_id: str) -> JobRow:
+        row = session.get(JobRow, job_id, populate_existing=True)
+        if row is None:
+            raise not_found("job", job_id)
+        return row
+
+    def get(self, job_id: str) -> JobRecord:
+        with self.db.session() as session:
+            return JobRecord.from_row(self._row(session, job_id))
+
+    def list(self, state: JobState | str | None = None, kind: JobKind | str | None = None,
+             owner: str | None = None, offset: int = 0, limit: int = 50) -> Page[JobRecord]:
+        check_paging(offset, limit)
+        query = select(JobRow)
+        if state is not None:
+            query = query.where(JobRow.state == JobState(state).value)
+        if kind is not None:
+            query = query.where(JobRow.kind == JobKind(kind).value)
+        if owner is not None:
+            query = query.where(JobRow.owner == owner)
+        with self.db.session() as session:
+            total = session.scalar(select(func.count()).select_from(query.subquery()))
+            rows = session.scalars(
+                query.order_by(JobRow.created_at.desc(), JobRow.id).offset(offset).limit(limit)
+            ).all()
+            return Page[JobRecord](items=[JobRecord.from_row(r) for r in rows], total=total, offset=offset,
+                                   limit=limit)
+
+    def active(self, kind: JobKind | str | None = None) -> list[JobRecord]:
+        """Every non-terminal job, oldest first (what recovery replays and shutdown waits for)."""
+        query = select(JobRow).where(JobRow.state.in_([s.value for s in NON_TERMINAL_STATES]))
+        if kind is not None:
+            query = query.where(JobRow.kind == JobKind(kind).value)
+        with self.db.session() as session:
+            rows = session.scalars(query.order_by(JobRow.created_at, JobRow.id)).all()
+            return [JobRecord.from_row(r) for r in rows]
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        with self.db.session() as session:
+            self._row(session, job_id)
+            rows = session.scalars(
+                select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
+            ).all()
+            return [JobEvent(id=r.id, job_id=r.job_id, event=r.event, from_state=r.from_state,
+                             to_state=r.to_state, reason=r.reason, details=r.details, at=r.at) for r in rows]
