@@ -1,0 +1,418 @@
+"""The artifact store: binaries (model shards, datasets, merge outputs) on fsspec, either a local folder or
+``s3://bucket/prefix`` through s3fs.
+
+Publishing is atomic. A single object is streamed to a hidden staging key and then moved into place (a rename
+locally; on S3 an object only appears once its upload completes). A folder (``put_dir``) is staged as a whole and
+then published: locally with one directory rename; on S3, where folders cannot be renamed, files are copied next
+to a ``.alloy-pending`` marker that hides them until the directory manifest (``.alloy-dir.json``, with every
+file's size and sha256) is written and the marker removed. A crash at any point leaves nothing visible.
+
+``ArtifactCatalog`` records what was published in the ``artifacts`` table (key, uri, size, sha256, kind, owner).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel
+from sqlalchemy import delete, func, select
+
+from alloy.db import Database, Page
+from alloy.db.models import ArtifactRow
+from alloy.db.page import check_paging
+from alloy.db.types import utcnow
+from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
+
+if TYPE_CHECKING:
+    from alloy.config import Settings
+
+STAGING = ".staging"
+DIR_MANIFEST = ".alloy-dir.json"
+PENDING_MARKER = ".alloy-pending"
+RESERVED_NAMES = frozenset({STAGING, DIR_MANIFEST, PENDING_MARKER})
+DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
+MAX_KEY_LENGTH = 1024
+
+
+class ArtifactInfo(BaseModel):
+    key: str
+    uri: str
+    size: int
+    sha256: str | None = None  # known for everything this store wrote; None for foreign objects
+
+
+def check_key(key: str, *, allow_root: bool = False) -> str:
+    """A relative, normalised POSIX key: no absolute paths, no ``..``, no reserved names."""
+    if not isinstance(key, str):
+        raise validation_failed("artifact key must be a string")
+    if allow_root:  # a prefix: "" is the whole store, a trailing "/" is tolerated
+        key = key.rstrip("/")
+        if key == "":
+            return ""
+    parts = key.split("/")
+    if (
+        not key or len(key) > MAX_KEY_LENGTH or key.startswith("/") or "\\" in key or "\x00" in key
+        or any(part in ("", ".", "..") or part in RESERVED_NAMES for part in parts)
+    ):
+        raise validation_failed("invalid artifact key: relative POSIX path without '..' or reserved names",
+                                key=key)
+    return key
+
+
+def _chunks_of(handle: IO[bytes], chunk_bytes: int) -> Iterator[bytes]:
+    while chunk := handle.read(chunk_bytes):
+        yield chunk
+
+
+class ArtifactStore:
+    def __init__(self, uri: str | os.PathLike, storage_options: dict[str, Any] | None = None, *,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+        options = dict(storage_options or {})
+        uri = str(uri)
+        if uri.startswith("s3://"):
+            # Several processes write the same bucket: never trust a cached listing.
+            options.setdefault("use_listings_cache", False)
+        self.fs, root = fsspec.core.url_to_fs(uri, **options)
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.root = root.rstrip("/")
+        self.chunk_bytes = chunk_bytes
+        if self.is_local:
+            self.fs.makedirs(self.root, exist_ok=True)
+            self.uri = self.root
+        else:
+            protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+            self.uri = f"{protocol}://{self.root}"
+
+    @classmethod
+    def from_settings(cls, settings: "Settings") -> "ArtifactStore":
+        return cls(settings.artifacts_uri, settings.storage_options, chunk_bytes=settings.artifacts.chunk_bytes)
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.uri!r})"
+
+    # -- addressing -----------------------------------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        key = check_key(key, allow_root=True)
+        return f"{self.root}/{key}" if key else self.root
+
+    def _key_of(self, path: str) -> str:
+        return self.fs._strip_protocol(path)[len(self.root) + 1:]
+
+    def uri_for(self, key: str) -> str:
+        key = check_key(key)
+        return f"{self.uri}/{key}"
+
+    def key_for(self, uri: str) -> str | None:
+        """The key of a URI (or local path) inside this store, or None when it points elsewhere."""
+        uri = str(uri).rstrip("/")
+        if self.is_local:
+            uri = uri.removeprefix("file://")
+            if not os.path.isabs(uri):
+                return None
+            uri = os.path.realpath(uri)
+            root = os.path.realpath(self.root)
+        else:
+            root = self.uri
+        if uri.startswith(root + "/"):
+            return check_key(uri[len(root) + 1:])
+        return None
+
+    def local_path(self, key: str) -> Path | None:
+        """The file or folder of a key on disk, for a local store; None for remote stores."""
+        return Path(self._path(key)) if self.is_local else None
+
+    def _staging_path(self) -> str:
+        return f"{self.root}/{STAGING}/{uuid.uuid4().hex}"
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def _write(self, path: str, chunks: Iterable[bytes]) -> tuple[int, str]:
+        digest, size = hashlib.sha256(), 0
+        if self.is_local:
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        with self.fs.open(path, "wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+        return size, digest.hexdigest()
+
+    def _discard(self, path: str) -> None:
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except OSError:  # best effort: gc_staging() sweeps what is left
+            pass
+
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> ArtifactInfo:
+        """Stream bytes into ``key``; it becomes visible only once complete (replacing any old value)."""
+        final = self._path(check_key(key))
+        staging = self._staging_path()
+        try:
+            size, sha256 = self._write(staging, chunks)
+            if self.is_local:
+                self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+            self.fs.mv(staging, final)
+        except BaseException:
+            self._discard(staging)
+            raise
+        return ArtifactInfo(key=key, uri=self.uri_for(key), size=size, sha256=sha256)
+
+    def put_file(self, key: str, path: str | os.PathLike) -> ArtifactInfo:
+        with open(path, "rb") as handle:
+            return self.put_stream(key, _chunks_of(handle, self.chunk_bytes))
+
+    def put_bytes(self, key: str, data: bytes) -> ArtifactInfo:
+        return self.put_stream(key, [data])
+
+    def put_dir(self, prefix: str, local_dir: str | os.PathLike, *, files: Iterable[str] | None = None,
+                overwrite: bool = False) -> list[ArtifactInfo]:
+        """Publish a folder (or the given relative ``files`` of it) under ``prefix``, atomically as a whole.
+        An existing folder is refused with ALREADY_EXISTS unless ``overwrite``."""
+        prefix = check_key(prefix)
+        local_dir = Path(local_dir)
+        if not local_dir.is_dir():
+            raise validation_failed("not a folder", path=str(local_dir))
+        names = sorted(files) if files is not None else sorted(
+            p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file()
+        )
+        for name in names:
+            check_key(name)
+        final = self._path(prefix)
+        if self.fs.exists(final):
+            if not overwrite:
+                raise AlloyError(ErrorCode.ALREADY_EXISTS, f"artifact folder {prefix!r} already exists",
+                                 {"prefix": prefix})
+            self.delete_prefix(prefix)
+        staging = self._staging_path()
+        try:
+            entries = []
+            for name in names:
+                with open(local_dir / name, "rb") as handle:
+                    size, sha256 = self._write(f"{staging}/{name}", _chunks_of(handle, self.chunk_bytes))
+                entries.append({"name": name, "size": size, "sha256": sha256})
+            manifest = json.dumps({"files": entries, "created_at": utcnow().isoformat()}).encode()
+            self._write(f"{staging}/{DIR_MANIFEST}", [manifest])
+            self._publish_dir(staging, final, names)
+        except BaseException:
+            self._discard(staging)
+            raise
+        return [ArtifactInfo(key=f"{prefix}/{e['name']}", uri=self.uri_for(f"{prefix}/{e['name']}"),
+                             size=e["size"], sha256=e["sha256"]) for e in entries]
+
+    def _publish_dir(self, staging: str, final: str, names: list[str]) -> None:
+        if self.is_local:
+            self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+            os.rename(staging, final)  # atomic on one filesystem; fails rather than merging into a folder
+            return
+        self._write(f"{final}/{PENDING_MARKER}", [b""])
+        for name in names:
+            self.fs.copy(f"{staging}/{name}", f"{final}/{name}")
+        self.fs.copy(f"{staging}/{DIR_MANIFEST}", f"{final}/{DIR_MANIFEST}")
+        self.fs.rm(f"{final}/{PENDING_MARKER}")
+        self.fs.rm(staging, recursive=True)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def _hidden_by_pending(self, key: str) -> bool:
+        if self.is_local:
+            return False  # local folders are published by rename: never half-visible
+        parts = key.split("/")
+        return any(self.fs.exists(f"{self.root}/{'/'.join(parts[:i])}/{PENDING_MARKER}")
+                   for i in range(1, len(parts)))
+
+    def exists(self, key: str) -> bool:
+        """A published object, or a published folder."""
+        path = self._path(check_key(key))
+        if self.fs.isfile(path):
+            return not self._hidden_by_pending(key)
+        return self.dir_exists(key)
+
+    def dir_exists(self, prefix: str) -> bool:
+        return self.fs.isfile(f"{self._path(check_key(prefix))}/{DIR_MANIFEST}")
+
+    def info(self, key: str) -> ArtifactInfo:
+        path = self._path(check_key(key))
+        if not self.fs.isfile(path) or self._hidden_by_pending(key):
+            raise not_found("artifact", key)
+        return ArtifactInfo(key=key, uri=self.uri_for(key), size=self.fs.size(path))
+
+    def open(self, key: str) -> IO[bytes]:
+        """A binary read stream (the caller closes it)."""
+        self.info(key)
+        return self.fs.open(self._path(key), "rb")
+
+    def iter_bytes(self, key: str, chunk_size: int | None = None) -> Iterator[bytes]:
+        handle = self.open(key)
+
+        def stream() -> Iterator[bytes]:
+            with handle:
+                yield from _chunks_of(handle, chunk_size or self.chunk_bytes)
+
+        return stream()
+
+    def read_bytes(self, key: str) -> bytes:
+        with self.open(key) as handle:
+            return handle.read()
+
+    def dir_manifest(self, prefix: str) -> list[ArtifactInfo]:
+        """The files of a published folder, with their sizes and hashes."""
+        prefix = check_key(prefix)
+        try:
+            with self.fs.open(f"{self._path(prefix)}/{DIR_MANIFEST}", "rb") as handle:
+                manifest = json.load(handle)
+        except FileNotFoundError:
+            raise not_found("artifact folder", prefix) from None
+        return [ArtifactInfo(key=f"{prefix}/{e['name']}", uri=self.uri_for(f"{prefix}/{e['name']}"),
+                             size=e["size"], sha256=e["sha256"]) for e in manifest["files"]]
+
+    def list(self, prefix: str = "") -> list[ArtifactInfo]:
+        """Published objects under ``prefix``, sorted by key (staging areas and half-published folders hidden)."""
+        base = self._path(prefix)
+        if not self.fs.exists(base):
+            return []
+        found = self.fs.find(base, detail=True)
+        keys = {self._key_of(path): entry["size"] for path, entry in found.items() if entry["type"] == "file"}
+        pending = [k[: -len(PENDING_MARKER)] for k in keys if posixpath.basename(k) == PENDING_MARKER]
+        hashes: dict[str, str] = {}
+        for key in keys:
+            if posixpath.basename(key) == DIR_MANIFEST:
+                folder = posixpath.dirname(key)
+                hashes.update({i.key: i.sha256 for i in self.dir_manifest(folder)} if folder else {})
+        return [
+            ArtifactInfo(key=key, uri=self.uri_for(key), size=size, sha256=hashes.get(key))
+            for key, size in sorted(keys.items())
+            if not key.startswith(STAGING + "/")
+            and posixpath.basename(key) not in RESERVED_NAMES
+            and not any(key.startswith(p) for p in pending)
+        ]
+
+    def get_dir(self, prefix: str, dest: str | os.PathLike) -> Path:
+        """Download a published folder into ``dest`` (replaced atomically), verifying every sha256."""
+        files = self.dir_manifest(prefix)
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
+        try:
+            for info in files:
+                target = partial / info.key[len(prefix) + 1:]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                digest = hashlib.sha256()
+                with self.fs.open(self._path(info.key), "rb") as source, open(target, "wb") as sink:
+                    for chunk in _chunks_of(source, self.chunk_bytes):
+                        digest.update(chunk)
+                        sink.write(chunk)
+                if digest.hexdigest() != info.sha256:
+                    raise AlloyError(ErrorCode.INTERNAL_ERROR, f"artifact {info.key!r} is corrupt (sha256 mismatch)")
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.rename(partial, dest)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        return dest
+
+    # -- deletes --------------------------------------------------------------------------------------------
+    def delete(self, key: str) -> bool:
+        path = self._path(check_key(key))
+        if not self.fs.isfile(path):
+            return False
+        self.fs.rm(path)
+        return True
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete everything under ``prefix``; a published folder loses its manifest first, so readers stop
+        treating it as complete before its files go."""
+        base = self._path(check_key(prefix))
+        if not self.fs.exists(base):
+            return 0
+        if self.fs.isfile(f"{base}/{DIR_MANIFEST}"):
+            self.fs.rm(f"{base}/{DIR_MANIFEST}")
+        count = len(self.fs.find(base))
+        self.fs.rm(base, recursive=True)
+        return count
+
+    def gc_staging(self, older_than_s: float = 3600.0) -> int:
+        """Remove staging leftovers of crashed writers (older than ``older_than_s``)."""
+        base = f"{self.root}/{STAGING}"
+        if not self.fs.exists(base):
+            return 0
+        removed, cutoff = 0, time.time() - older_than_s
+        for entry in self.fs.ls(base, detail=True):
+            modified = entry.get("mtime") or entry.get("LastModified") or entry.get("created")
+            if isinstance(modified, datetime):
+                modified = modified.timestamp()
+            if modified is None or modified < cutoff:
+                self.fs.rm(entry["name"], recursive=True)
+                removed += 1
+        return removed
+
+
+class ArtifactRecord(ArtifactInfo):
+    kind: str | None
+    owner: str | None
+    created_at: datetime
+
+
+class ArtifactCatalog:
+    """The ``artifacts`` table: what the store holds, by whom and of which kind."""
+
+    def __init__(self, db: Database, store: ArtifactStore):
+        self.db, self.store = db, store
+
+    def record(self, infos: ArtifactInfo | Iterable[ArtifactInfo], *, kind: str | None = None,
+               owner: str | None = None) -> None:
+        infos = [infos] if isinstance(infos, ArtifactInfo) else list(infos)
+        with self.db.session() as session:
+            for info in infos:
+                session.merge(ArtifactRow(key=info.key, uri=info.uri, size=info.size, sha256=info.sha256,
+                                          kind=kind, owner=owner, created_at=utcnow()))
+
+    def get(self, key: str) -> ArtifactRecord:
+        with self.db.session() as session:
+            row = session.get(ArtifactRow, key)
+            if row is None:
+                raise not_found("artifact", key)
+            return self._record(row)
+
+    def list(self, prefix: str = "", *, kind: str | None = None, owner: str | None = None, offset: int = 0,
+             limit: int = 50) -> Page[ArtifactRecord]:
+        check_paging(offset, limit)
+        query = select(ArtifactRow)
+        if prefix:
+            query = query.where(ArtifactRow.key.startswith(prefix, autoescape=True))
+        if kind is not None:
+            query = query.where(ArtifactRow.kind == kind)
+        if owner is not None:
+            query = query.where(ArtifactRow.owner == owner)
+        with self.db.session() as session:
+            total = session.scalar(select(func.count()).select_from(query.subquery()))
+            rows = session.scalars(query.order_by(ArtifactRow.key).offset(offset).limit(limit)).all()
+            return Page[ArtifactRecord](items=[self._record(r) for r in rows], total=total, offset=offset,
+                                        limit=limit)
+
+    def forget_prefix(self, prefix: str) -> int:
+        with self.db.session() as session:
+            return session.execute(
+                delete(ArtifactRow).where(ArtifactRow.key.startswith(prefix.rstrip("/") + "/", autoescape=True))
+            ).rowcount
+
+    def delete(self, key: str) -> None:
+        self.store.delete(key)
+        with self.db.session() as session:
+            session.execute(delete(ArtifactRow).where(ArtifactRow.key == key))
+
+    @staticmethod
+    def _record(row: ArtifactRow) -> ArtifactRecord:
+        return ArtifactRecord(key=row.key, uri=row.uri, size=row.size, sha256=row.sha256, kind=row.kind,
+                              owner=row.owner, created_at=row.created_at)
