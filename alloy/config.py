@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from alloy.errors import AlloyError, ErrorCode
@@ -47,10 +47,13 @@ class RateLimitSettings(BaseModel):
     read: str = Field("100/minute", description="limits-library notation, per API key")
     jobs: str = Field("10/minute", description="merge and evolution job creation, per API key")
     storage_uri: str = Field("memory://", description="memory:// (one ingress replica) or redis://host:port")
+    key_prefix: str = Field("alloy-rl", description="prefix of the rate-limit keys in shared storage (Redis)")
+    anonymous: str = Field("100/minute", description="requests without a valid API key, per client IP (throttles key guessing)")
 
 
 class AuthSettings(BaseModel):
-    admin_key: str | None = Field(None, description="Bootstrap admin key; generated and shown once when unset")
+    # SecretStr: never shown by repr() or in logs of the settings; read it with .get_secret_value().
+    admin_key: SecretStr | None = Field(None, description="Bootstrap admin key; generated and shown once when unset")
     rotation_grace_seconds: int = Field(3600, ge=0)
 
 

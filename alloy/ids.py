@@ -1,0 +1,96 @@
+"""Identifier and path rules for everything a client names: model and dataset IDs, and local source paths.
+
+Resource IDs end up in URLs, database keys, artifact-store prefixes and file names, so they are held to one
+narrow rule: ``name`` or ``org/name`` (Hugging Face style), where ``name`` is 1-128 characters and ``org`` 1-31
+characters of ``A-Z a-z 0-9 . _ -``, each starting with a letter or digit, and no ``..`` anywhere. Whole ID at
+most 160 characters (``alloy.db.models.ID_LENGTH``). That excludes path traversal, absolute paths, backslashes,
+whitespace, control characters and URL metacharacters by construction.
+
+Use :data:`ResourceId` in pydantic/FastAPI models (a bad ID is a 422 VALIDATION_FAILED naming the field) and
+:func:`validate_resource_id` elsewhere. :func:`confined_path` resolves a client-supplied local path and refuses
+anything outside the allowed roots (symlinks resolved first).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, StringConstraints
+
+from alloy.errors import AlloyError, ErrorCode
+
+MAX_NAME_LENGTH = 128
+MAX_ORG_LENGTH = 31
+MAX_ID_LENGTH = MAX_ORG_LENGTH + 1 + MAX_NAME_LENGTH  # 160, the width of the id columns
+
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]"
+RESOURCE_ID_PATTERN = rf"^(?:{_SEGMENT}{{0,{MAX_ORG_LENGTH - 1}}}/)?{_SEGMENT}{{0,{MAX_NAME_LENGTH - 1}}}$"
+_RESOURCE_ID = re.compile(RESOURCE_ID_PATTERN)
+
+
+def resource_id_problem(value: object) -> str | None:
+    """Why ``value`` is not a valid resource ID, or None when it is."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if not value:
+        return "must not be empty"
+    if len(value) > MAX_ID_LENGTH:
+        return f"must be at most {MAX_ID_LENGTH} characters"
+    if ".." in value:
+        return "must not contain '..'"
+    if not _RESOURCE_ID.fullmatch(value):
+        return (
+            "must be 'name' or 'org/name': letters, digits, '.', '_' and '-', each part starting with a letter "
+            f"or digit (name at most {MAX_NAME_LENGTH}, org at most {MAX_ORG_LENGTH} characters)"
+        )
+    return None
+
+
+def validate_resource_id(value: object, kind: str = "model") -> str:
+    """Return ``value`` if it is a valid ID for a ``kind`` (model, dataset, ...); else raise VALIDATION_FAILED."""
+    problem = resource_id_problem(value)
+    if problem is not None:
+        shown = value[:200] if isinstance(value, str) else type(value).__name__
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED, f"invalid {kind} id {shown!r}: {problem}", {"field": f"{kind}_id", "reason": problem}
+        )
+    return value  # type: ignore[return-value]
+
+
+def _check_resource_id(value: str) -> str:
+    problem = resource_id_problem(value)
+    if problem is not None:
+        raise ValueError(f"invalid id: {problem}")  # pydantic turns this into a per-field validation error
+    return value
+
+
+# The JSON-schema pattern and length keep the OpenAPI document (and clients generated from it) honest; the
+# after-validator adds the rule a regex cannot say simply (no "..").
+ResourceId = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=RESOURCE_ID_PATTERN),
+    AfterValidator(_check_resource_id),
+]
+
+
+def confined_path(candidate: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]], *, kind: str = "path") -> Path:
+    """Resolve ``candidate`` (symlinks included) and return it if it lies inside one of ``roots``.
+
+    Relative candidates are taken relative to each root in turn. Raise VALIDATION_FAILED otherwise, without
+    revealing which roots exist.
+    """
+    text = os.fspath(candidate)
+    if not text or "\x00" in text:
+        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"invalid {kind}", {"field": kind})
+    for root in roots:
+        root_path = Path(root).resolve()
+        resolved = (root_path / text).resolve()  # an absolute candidate replaces root_path here
+        if resolved == root_path or root_path in resolved.parents:
+            return resolved
+    raise AlloyError(
+        ErrorCode.VALIDATION_FAILED, f"{kind} is outside the allowed folders", {"field": kind, "reason": "not under an allowed root"}
+    )
