@@ -1,0 +1,226 @@
+"""The streaming merge executor.
+
+Tensors are read lazily (``pread``, no memory map), merged by a small thread pool with a bounded number of tensors
+and input bytes in flight, and written straight into preallocated shards. The merged folder is assembled in a
+hidden staging sibling of ``out_dir`` and renamed into place only when complete: a failure or a cancel leaves
+nothing at ``out_dir`` and no staging folder behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from alloy.errors import AlloyError, ErrorCode, model_not_found
+from alloy.merge.compatibility import check_compatibility, check_layouts
+from alloy.merge.output_files import copy_base_files, write_config, write_model_card
+from alloy.merge.plan import MergePlan, TensorTask, build_plan, layout_from_manifest, layout_from_state_dict
+from alloy.merge.recipe import MergeRecipe, validate_recipe
+from alloy.merge.tensor_io import PlannedTensor, SafetensorsReader, ShardedWriter
+from alloy.merge.tensor_merge import compute_tensor
+from alloy.model_manifest import ModelManifest, read_manifest
+
+__all__ = [
+    "MergeCancelled", "MergeProgress", "MergeResult", "check_compatibility", "execute_merge", "merge_state_dicts",
+]
+
+DEFAULT_SHARD_BYTES = 2 * 1024**3
+DEFAULT_MAX_IN_FLIGHT = 4
+DEFAULT_MAX_IN_FLIGHT_BYTES = 1024**3  # float32 input bytes of the tensors being merged at once
+DEFAULT_WORKERS = 2
+CANCEL_POLL_S = 0.1
+
+
+class MergeCancelled(RuntimeError):
+    """Raised by :func:`execute_merge` when its ``cancel`` event is set; nothing was published."""
+
+    def __init__(self, out_dir: Path):
+        super().__init__(f"merge into {out_dir} was cancelled; nothing was written there")
+        self.out_dir = out_dir
+
+
+class MergeProgress(BaseModel):
+    tensors_done: int
+    tensors_total: int
+    bytes_done: int
+    bytes_total: int
+    current: str | None  # the tensor just finished
+
+    @property
+    def fraction(self) -> float:
+        return self.bytes_done / self.bytes_total if self.bytes_total else 1.0
+
+
+class MergeResult(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    out_dir: Path
+    tensors: int
+    bytes: int
+    seconds: float
+    manifest: ModelManifest
+
+
+def resolve_device(device: str | None) -> str:
+    device = device or "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise AlloyError(ErrorCode.GPU_UNAVAILABLE, f"device {device!r} requested but no CUDA device is available",
+                         {"device": device})
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"unknown device {device!r} (cpu, cuda, cuda:N)", {"field": "device"})
+    return device
+
+
+def prepare(recipe: MergeRecipe, manifests: Mapping[str, ModelManifest]) -> MergePlan:
+    """Validate the recipe, check compatibility from the manifests and plan the output tensors."""
+    recipe = validate_recipe(recipe)
+    check_compatibility(recipe, manifests)
+    return build_plan(recipe, {m: layout_from_manifest(manifests[m]) for m in recipe.model_ids})
+
+
+def execute_merge(
+    recipe: MergeRecipe,
+    sources: Mapping[str, Path],
+    out_dir: Path,
+    *,
+    device: str = "cpu",
+    progress: Callable[[MergeProgress], None] | None = None,
+    cancel: threading.Event | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
+    workers: int = DEFAULT_WORKERS,
+) -> MergeResult:
+    """Merge the models in ``sources`` (model id -> local folder) into the new folder ``out_dir``."""
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise AlloyError(ErrorCode.ALREADY_EXISTS, f"{out_dir} already exists", {"path": str(out_dir)})
+    device = resolve_device(device)
+    for model_id in recipe.model_ids:
+        if model_id not in sources:
+            raise model_not_found(model_id)
+    manifests = {m: read_manifest(sources[m]) for m in recipe.model_ids}
+    plan = prepare(recipe, manifests)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
+    readers = {m: SafetensorsReader(Path(sources[m]), manifests[m]) for m in plan.model_ids}
+    try:
+        writer = ShardedWriter(staging, [PlannedTensor(t.output_name, t.dtype, t.shape) for t in plan.tasks],
+                               shard_bytes, metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy})
+        try:
+            _run_tasks(plan, readers, writer, device=device, progress=progress, cancel=cancel,
+                       max_in_flight=max_in_flight, max_in_flight_bytes=max_in_flight_bytes, workers=workers,
+                       out_dir=out_dir)
+            writer.finish()
+        finally:
+            writer.close()
+        base_dir = Path(sources[plan.base_id])
+        write_config(plan, base_dir, staging)
+        copy_base_files(base_dir, staging)
+        write_model_card(plan, staging)
+        if out_dir.exists():
+            raise AlloyError(ErrorCode.ALREADY_EXISTS, f"{out_dir} appeared during the merge", {"path": str(out_dir)})
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        for reader in readers.values():
+            reader.close()
+    return MergeResult(out_dir=out_dir, tensors=len(plan.tasks), bytes=writer.total_bytes,
+                       seconds=time.perf_counter() - started, manifest=read_manifest(out_dir))
+
+
+def _run_tasks(plan: MergePlan, readers: Mapping[str, SafetensorsReader], writer: ShardedWriter, *, device: str,
+               progress, cancel, max_in_flight: int, max_in_flight_bytes: int, workers: int, out_dir: Path) -> None:
+    """Submit tasks in plan order while fewer than ``max_in_flight`` tasks and ``max_in_flight_bytes`` input
+    bytes are in flight (a task larger than the byte budget runs alone); report each completion in order of
+    completion from this thread."""
+    total = len(plan.tasks)
+    done = 0
+    bytes_done = 0
+    in_flight: dict[Future, int] = {}
+    budget_used = 0
+    stop = threading.Event()
+
+    def work(task: TensorTask) -> int:
+        if stop.is_set():
+            return 0
+        inputs = [readers[model].read(name) for model, name in task.sources]
+        out = compute_tensor(plan, task, inputs, device=device, owned=True)
+        del inputs
+        return writer.write(task.output_name, out)
+
+    def collect(block_until_one: bool) -> None:
+        nonlocal done, bytes_done, budget_used
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled(out_dir)
+            finished, _ = wait(list(in_flight), timeout=CANCEL_POLL_S if block_until_one else 0,
+                               return_when=FIRST_COMPLETED)
+            for future in finished:
+                cost = in_flight.pop(future)
+                budget_used -= cost
+                written = future.result()  # re-raises a worker's failure
+                done += 1
+                bytes_done += written
+                if progress is not None:
+                    progress(MergeProgress(tensors_done=done, tensors_total=total, bytes_done=bytes_done,
+                                           bytes_total=writer.total_bytes, current=tasks_by_future.pop(future)))
+            if finished or not block_until_one:
+                return
+
+    tasks_by_future: dict[Future, str] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, max_in_flight)), thread_name_prefix="alloy-merge")
+    try:
+        for task in plan.tasks:
+            cost = min(task.input_bytes, max_in_flight_bytes)
+            while in_flight and (len(in_flight) >= max_in_flight or budget_used + cost > max_in_flight_bytes):
+                collect(block_until_one=True)
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled(out_dir)
+            future = pool.submit(work, task)
+            in_flight[future] = cost
+            tasks_by_future[future] = task.output_name
+            budget_used += cost
+        while in_flight:
+            collect(block_until_one=True)
+    except BaseException:
+        stop.set()
+        for future in in_flight:
+            future.cancel()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def merge_state_dicts(recipe: MergeRecipe, state_dicts: Mapping[str, Mapping[str, torch.Tensor]], *,
+                      device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The same merge fully in memory (evolution's candidates): bit-identical to :func:`execute_merge` for the
+    same recipe and seed. Inputs are not modified."""
+    device = resolve_device(device)
+    recipe = validate_recipe(recipe)
+    for model_id in recipe.model_ids:
+        if model_id not in state_dicts:
+            raise model_not_found(model_id)
+    layouts = {m: layout_from_state_dict(state_dicts[m]) for m in recipe.model_ids}
+    check_layouts(recipe, layouts)
+    plan = build_plan(recipe, layouts)
+    merged: dict[str, torch.Tensor] = {}
+    for task in plan.tasks:
+        inputs = [state_dicts[model][name] for model, name in task.sources]
+        out = compute_tensor(plan, task, inputs, device=device, owned=False)
+        # A copy task may return the caller's own tensor; hand back storage the caller does not share.
+        merged[task.output_name] = out.clone() if any(out is t for t in inputs) else out
+    return merged

@@ -1,0 +1,58 @@
+"""Everything in the merged folder besides the weights: config, tokenizer and generation files from the base,
+and a model card that records the recipe."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from alloy.merge.plan import MergePlan, output_config
+
+# Files copied verbatim from the base model (tokenizer and generation settings).
+BASE_FILE_PATTERNS = (
+    "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "spiece.model",
+    "generation_config.json", "chat_template.*", "preprocessor_config.json",
+)
+
+
+def write_config(plan: MergePlan, base_dir: Path, out_dir: Path) -> dict[str, Any]:
+    base_config = json.loads((base_dir / "config.json").read_text())
+    config = output_config(plan, base_config)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return config
+
+
+def copy_base_files(base_dir: Path, out_dir: Path) -> list[str]:
+    copied = []
+    for pattern in BASE_FILE_PATTERNS:
+        for path in sorted(base_dir.glob(pattern)):
+            if path.is_file() and not (out_dir / path.name).exists():
+                shutil.copy2(path, out_dir / path.name)
+                copied.append(path.name)
+    return copied
+
+
+def recipe_yaml(plan: MergePlan) -> str:
+    data = plan.recipe.model_dump(mode="json", exclude_none=True)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def write_model_card(plan: MergePlan, out_dir: Path) -> None:
+    models = ", ".join(f"`{m}`" for m in plan.model_ids)
+    card = (
+        "---\n"
+        "tags:\n- merge\n- alloy\n"
+        "---\n\n"
+        f"# Merged model\n\n"
+        f"Made with Alloy: `{plan.recipe.strategy}` of {models} (base: `{plan.base_id}`).\n\n"
+        "## Recipe\n\n"
+        "```yaml\n"
+        f"{recipe_yaml(plan)}"
+        "```\n\n"
+        "Reproduce with `alloy merge recipe.yml OUT_DIR` (same seed, same bits).\n"
+    )
+    (out_dir / "README.md").write_text(card)
