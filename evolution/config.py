@@ -1,0 +1,98 @@
+"""What an evolution is asked to do: the typed request shared by ``POST /evolutions``, the batch runner's YAML
+(``configs/evolve-<preset>.yaml``) and the benchmark.
+
+An evolution names its parents and its fitness data either through a benchmark preset (``preset: tiny`` gives
+the fine-tunes, their base and the dev/test datasets) or explicitly (``models``, ``base_model``, ``datasets``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from alloy.errors import AlloyError, ErrorCode
+from evolution.genome import Bounds, FrankenGenome
+
+SearchKind = Literal["pbt", "cmaes"]
+
+
+class GenomeBounds(BaseModel):
+    """The searched parameters of the strategy (the parents come from the request, not from here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_model: dict[str, Bounds] = Field(default_factory=dict, description="e.g. weight, density, drop_rate")
+    global_parameters: dict[str, Bounds] = Field(default_factory=dict, description="e.g. lambda, t")
+    fixed: dict[str, Any] = Field(default_factory=dict, description="copied into every recipe, e.g. normalize")
+    layer_groups: int = Field(1, ge=1, le=64, description="> 1: one gene per layer group (a gradient list)")
+    franken: FrankenGenome | None = None
+
+
+class SearchSettings(BaseModel):
+    """Budget and search algorithm."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: SearchKind = "pbt"
+    population: int = Field(8, ge=2, le=256, description="PBT trials; CMA-ES population (popsize)")
+    generations: int = Field(8, ge=1, le=1000, description="PBT training iterations; CMA-ES generations")
+    time_budget_s: float | None = Field(None, gt=0, description="stop the search after this many seconds")
+    target_fitness: float | None = Field(None, description="stop as soon as a candidate reaches it")
+    quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="PBT: bottom share replaced each generation")
+    sigma: float = Field(0.1, gt=0, le=1, description="mutation step, as a fraction of each gene's range")
+    resample_probability: float = Field(0.1, ge=0, le=1, description="PBT: chance a gene is redrawn uniformly")
+    include_initial: bool = Field(True, description="seed the population with the genome's init values")
+    dev_batch_size: int | None = Field(64, ge=1, description="examples per rotating dev batch; None: whole dev split")
+    finalists: int = Field(3, ge=1, le=32, description="best distinct genomes re-scored on the whole dev split")
+    cpus_per_trial: float = Field(0.5, gt=0, le=64)
+    gpus_per_trial: float = Field(0.0, ge=0, le=8)
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    seed: int = 0
+
+
+class EvolutionSpec(BaseModel):
+    """One evolution request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, max_length=200)
+    preset: str | None = Field(None, description="benchmark preset giving parents, base and datasets")
+    models: list[str] | None = Field(None, min_length=1, max_length=8, description="parents; default: the preset's fine-tunes")
+    base_model: str | None = None
+    datasets: list[str] | None = Field(None, min_length=1, description="fitness datasets; default: the preset's")
+    dev_split: str = "dev"
+    test_split: str = "test"
+    strategy: str = "task_arithmetic"
+    genome: GenomeBounds
+    search: SearchSettings = SearchSettings()
+    output_model_id: str | None = Field(None, min_length=1, max_length=128)
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+
+    @model_validator(mode="after")
+    def _parents_known(self) -> "EvolutionSpec":
+        if self.preset is None and (not self.models or not self.datasets):
+            raise ValueError("give a preset, or both models and datasets")
+        return self
+
+
+def parse_spec(data: dict[str, Any]) -> EvolutionSpec:
+    """Validate a request; errors are VALIDATION_FAILED naming the first bad field."""
+    try:
+        return EvolutionSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "body"
+        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"invalid evolution: {field}: {first['msg']}",
+                         {"field": field}) from None
+
+
+def load_spec_file(path: str | Path) -> EvolutionSpec:
+    """A ``configs/evolve-<preset>.yaml`` file."""
+    with Path(path).open() as handle:
+        data = yaml.safe_load(handle) or {}
+    if not isinstance(data, dict):
+        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"{path}: the top level must be a mapping")
+    return parse_spec(data)

@@ -1,0 +1,270 @@
+"""The genome of a merge recipe: a flat vector of bounded real genes that decodes to an ordinary Alloy recipe.
+
+Why flat and named: Ray Tune moves configs between the driver, the schedulers and the searchers as plain dicts,
+and its searchers unflatten keys on ``/``. Genes are therefore named ``<parameter>.<model index>[.g<group>]`` (per
+model) or ``<parameter>[.g<group>]`` (global) and never contain a ``/``, even when model ids do (``org/model``).
+
+Layer groups: with ``layer_groups = G > 1`` a parameter has one gene per group and decodes to a gradient list of
+``G`` anchors (Alloy's per-layer gradient semantics interpolate between anchors over the depth of the model).
+
+The optional layer-order (data-flow) genome of a franken merge is a fixed number of slots; each slot has three
+genes (model, start layer, length) and decodes to one ``{model, layer_range: [start, end)}`` slice; a slot whose
+length decodes to zero is skipped, so the search can also shorten the stack.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Genome = dict[str, float]
+
+
+class Bounds(BaseModel):
+    """A closed interval for one parameter, with an optional starting value for the seed individual."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    low: float
+    high: float
+    init: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_pair(cls, value: Any) -> Any:
+        # YAML shorthand: `density: [0.1, 1.0]` or `[0.1, 1.0, 0.5]` (low, high, init).
+        if isinstance(value, (list, tuple)):
+            if len(value) not in (2, 3):
+                raise ValueError("bounds are [low, high] or [low, high, init]")
+            return {"low": value[0], "high": value[1], **({"init": value[2]} if len(value) == 3 else {})}
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Bounds":
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        if self.init is not None and not self.low <= self.init <= self.high:
+            raise ValueError(f"init ({self.init}) lies outside [{self.low}, {self.high}]")
+        return self
+
+    @property
+    def start(self) -> float:
+        return self.init if self.init is not None else (self.low + self.high) / 2
+
+    def clip(self, value: float) -> float:
+        return min(max(value, self.low), self.high)
+
+
+class GeneSpec(BaseModel):
+    """One gene: its name, its bounds and, for decoding, where it goes in the recipe."""
+
+    name: str
+    bounds: Bounds
+    parameter: str
+    model_index: int | None = None  # None: a global recipe parameter
+    group: int | None = None  # None: one value for every layer
+
+
+class FrankenGenome(BaseModel):
+    """Layer-order (data-flow) genome: ``slots`` slices drawn from the parents' layers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slots: int = Field(4, ge=1, le=64)
+    num_layers: int = Field(..., ge=1, description="layers of each parent (they share an architecture)")
+    max_slice: int = Field(8, ge=1, description="longest slice one slot may contribute")
+
+
+class GenomeSpace(BaseModel):
+    """The typed search space over one strategy's parameters.
+
+    ``per_model`` parameters get one gene per parent (and layer group); ``global_parameters`` one gene per layer
+    group; ``fixed`` values are copied into every decoded recipe unchanged.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: str
+    models: list[str] = Field(..., min_length=1)
+    base_model: str | None = None
+    per_model: dict[str, Bounds] = Field(default_factory=dict)
+    global_parameters: dict[str, Bounds] = Field(default_factory=dict)
+    fixed: dict[str, Any] = Field(default_factory=dict)
+    layer_groups: int = Field(1, ge=1, le=64)
+    franken: FrankenGenome | None = None
+    dtype: str | None = None
+    seed: int | None = None
+
+    @field_validator("per_model", "global_parameters")
+    @classmethod
+    def _clean_names(cls, value: dict[str, Bounds]) -> dict[str, Bounds]:
+        for name in value:
+            if "/" in name or "." in name:
+                raise ValueError(f"parameter name {name!r} may not contain '/' or '.'")
+        return value
+
+    @model_validator(mode="after")
+    def _something_to_search(self) -> "GenomeSpace":
+        if not (self.per_model or self.global_parameters or self.franken):
+            raise ValueError("the genome is empty: give per_model or global_parameters bounds, or a franken genome")
+        _check_against_strategy(self)
+        return self
+
+    # ---- the genes ---------------------------------------------------------------------------------------------
+    def genes(self) -> list[GeneSpec]:
+        """Every gene in a stable order (the order CMA-ES sees as its vector)."""
+        genes: list[GeneSpec] = []
+        for parameter, bounds in self.per_model.items():
+            for index in range(len(self.models)):
+                for group in self._groups():
+                    genes.append(GeneSpec(name=_gene_name(parameter, index, group), bounds=bounds,
+                                          parameter=parameter, model_index=index, group=group))
+        for parameter, bounds in self.global_parameters.items():
+            for group in self._groups():
+                genes.append(GeneSpec(name=_gene_name(parameter, None, group), bounds=bounds,
+                                      parameter=parameter, group=group))
+        if self.franken is not None:
+            genes.extend(self._franken_genes(self.franken))
+        return genes
+
+    def gene_map(self) -> dict[str, GeneSpec]:
+        return {gene.name: gene for gene in self.genes()}
+
+    def _groups(self) -> list[int | None]:
+        return [None] if self.layer_groups == 1 else list(range(self.layer_groups))
+
+    def _franken_genes(self, franken: FrankenGenome) -> list[GeneSpec]:
+        genes = []
+        for slot in range(franken.slots):
+            # The half-open upper bounds make floor() land on every index with equal width.
+            genes.append(GeneSpec(name=f"slot.{slot}.model", parameter="slot_model",
+                                  bounds=Bounds(low=0, high=len(self.models) - 1e-6, init=slot % len(self.models))))
+            genes.append(GeneSpec(name=f"slot.{slot}.start", parameter="slot_start",
+                                  bounds=Bounds(low=0, high=franken.num_layers - 1e-6,
+                                                init=min(slot * franken.max_slice, franken.num_layers - 1))))
+            genes.append(GeneSpec(name=f"slot.{slot}.length", parameter="slot_length",
+                                  bounds=Bounds(low=0, high=franken.max_slice + 1 - 1e-6, init=franken.max_slice)))
+        return genes
+
+    # ---- population operators ----------------------------------------------------------------------------------
+    def initial(self) -> Genome:
+        """The seed individual: every gene at its ``init`` (or the middle of its bounds)."""
+        return {gene.name: gene.bounds.start for gene in self.genes()}
+
+    def sample(self, rng: random.Random) -> Genome:
+        """A uniform random individual."""
+        return {gene.name: rng.uniform(gene.bounds.low, gene.bounds.high) for gene in self.genes()}
+
+    def population(self, size: int, seed: int = 0, include_initial: bool = True) -> list[Genome]:
+        """``size`` starting individuals: the seed individual (when asked) plus uniform samples, reproducibly."""
+        rng = random.Random(seed)
+        members = [self.initial()] if include_initial else []
+        while len(members) < size:
+            members.append(self.sample(rng))
+        return members[:size]
+
+    def perturb(self, genome: Genome, rng: random.Random, sigma: float = 0.1,
+                resample_probability: float = 0.1) -> Genome:
+        """Explore: Gaussian noise of ``sigma`` × range on every gene, clipped to its bounds; each gene is
+        instead resampled uniformly with ``resample_probability`` (keeps diversity after many exploits)."""
+        child: Genome = {}
+        for gene in self.genes():
+            bounds = gene.bounds
+            value = genome.get(gene.name, bounds.start)
+            if rng.random() < resample_probability:
+                child[gene.name] = rng.uniform(bounds.low, bounds.high)
+            else:
+                child[gene.name] = bounds.clip(value + rng.gauss(0.0, sigma * (bounds.high - bounds.low)))
+        return child
+
+    def validate_genome(self, genome: Genome) -> Genome:
+        """Exactly this space's genes, each finite and inside its bounds (values are clipped, not refused:
+        searchers may step a hair outside)."""
+        genes = self.gene_map()
+        missing = sorted(set(genes) - set(genome))
+        unknown = sorted(set(genome) - set(genes))
+        if missing or unknown:
+            raise ValueError(f"genome does not match the space: missing {missing}, unknown {unknown}")
+        clean: Genome = {}
+        for name, spec in genes.items():
+            value = float(genome[name])
+            if not math.isfinite(value):
+                raise ValueError(f"gene {name} is not finite")
+            clean[name] = spec.bounds.clip(value)
+        return clean
+
+    # ---- decoding ----------------------------------------------------------------------------------------------
+    def decode_dict(self, genome: Genome) -> dict[str, Any]:
+        """The recipe as the plain dict Alloy's ``MergeRecipe`` validates (kept dict-shaped so that decoding
+        needs no merge code, e.g. in the driver's tracker callback)."""
+        genome = self.validate_genome(genome)
+        models = []
+        for index, model_id in enumerate(self.models):
+            parameters = {name: self._value(genome, name, index) for name in self.per_model}
+            models.append({"model": model_id, "parameters": parameters})
+        recipe: dict[str, Any] = {
+            "strategy": self.strategy,
+            "models": models,
+            "parameters": {**self.fixed, **{name: self._value(genome, name, None) for name in self.global_parameters}},
+        }
+        if self.base_model is not None:
+            recipe["base_model"] = self.base_model
+        if self.franken is not None:
+            recipe["slices"] = self._decode_slices(genome, self.franken)
+        if self.dtype is not None:
+            recipe["dtype"] = self.dtype
+        if self.seed is not None:
+            recipe["seed"] = self.seed
+        return recipe
+
+    def decode(self, genome: Genome):
+        """``genome -> alloy.merge.recipe.MergeRecipe``."""
+        from alloy.merge.recipe import MergeRecipe  # lazily: the genome itself needs no merge engine
+
+        return MergeRecipe.model_validate(self.decode_dict(genome))
+
+    def _value(self, genome: Genome, parameter: str, index: int | None) -> float | list[float]:
+        if self.layer_groups == 1:
+            return round(genome[_gene_name(parameter, index, None)], 6)
+        return [round(genome[_gene_name(parameter, index, group)], 6) for group in range(self.layer_groups)]
+
+    def _decode_slices(self, genome: Genome, franken: FrankenGenome) -> list[dict[str, Any]]:
+        slices = []
+        for slot in range(franken.slots):
+            model = self.models[min(int(genome[f"slot.{slot}.model"]), len(self.models) - 1)]
+            start = min(int(genome[f"slot.{slot}.start"]), franken.num_layers - 1)
+            length = min(int(genome[f"slot.{slot}.length"]), franken.max_slice, franken.num_layers - start)
+            if length > 0:
+                slices.append({"model": model, "layer_range": [start, start + length]})
+        if not slices:  # an empty stack is no model: fall back to the first parent's first layer
+            slices.append({"model": self.models[0], "layer_range": [0, 1]})
+        return slices
+
+
+def _check_against_strategy(space: GenomeSpace) -> None:
+    """Every searched parameter must be one the strategy declares, in its scope and inside its legal range, so a
+    decoded genome is always a valid recipe (the search never wastes candidates on refused recipes)."""
+    from kernels.registry import get_strategy
+
+    strategy = get_strategy(space.strategy)  # UnknownStrategyError (a ValueError) for an unknown name
+    for scope, parameters in (("per_model", space.per_model), ("global", space.global_parameters)):
+        for name, bounds in parameters.items():
+            spec = strategy.param(name)  # InvalidParameterError (a ValueError) for an unknown name
+            if spec.type is not float:
+                raise ValueError(f"{name} is not a real-valued parameter of {space.strategy}; put it in 'fixed'")
+            if spec.scope != scope and not (scope == "global" and spec.scope == "per_model"):
+                raise ValueError(f"{name} is a {spec.scope} parameter of {space.strategy}, not {scope}")
+            if (spec.minimum is not None and bounds.low < spec.minimum) or (
+                    spec.maximum is not None and bounds.high > spec.maximum):
+                raise ValueError(f"bounds of {name} leave its legal range [{spec.minimum}, {spec.maximum}]")
+    if space.franken is not None and space.strategy != "franken_merge":
+        raise ValueError("a layer-order genome needs strategy franken_merge")
+
+
+def _gene_name(parameter: str, model_index: int | None, group: int | None) -> str:
+    name = parameter if model_index is None else f"{parameter}.{model_index}"
+    return name if group is None else f"{name}.g{group}"
+

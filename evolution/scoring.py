@@ -1,0 +1,83 @@
+"""Fitness of a candidate: Alloy's ``CandidateEvaluator`` on the dev split, built once per worker process.
+
+The fitness data (tables, task dicts, prototype heads) is read once by the driver and travels to the trials
+through the object store with the parents (:class:`InMemoryDatasets`), so trials need no database or artifact
+store access. The evaluator's model skeleton is loaded from ``model_dir`` (a local folder of the base model).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from alloy.errors import not_found, validation_failed
+
+
+class InMemoryDatasets:
+    """A ``DatasetSource`` over splits already loaded by the driver (picklable: arrow tables and tensors)."""
+
+    def __init__(self, splits: Mapping[tuple[str, str], Any]):
+        self.splits = dict(splits)
+
+    @classmethod
+    def read(cls, source, dataset_ids: Sequence[str], splits: Sequence[str]) -> "InMemoryDatasets":
+        return cls({(dataset_id, split): source.load(dataset_id, split) for dataset_id in dataset_ids for split in splits})
+
+    def load(self, dataset_id: str, split: str):
+        try:
+            return self.splits[(dataset_id, split)]
+        except KeyError:
+            raise not_found("dataset split", f"{dataset_id}:{split}") from None
+
+
+class ScorerSpec(BaseModel):
+    """How to build the evaluator of one split."""
+
+    run: str = Field("", description="the evolution it serves: part of the per-process cache key")
+    model_dir: str
+    dataset_ids: list[str] = Field(min_length=1)
+    split: str = "dev"
+    batch_size: int = Field(32, ge=1)
+
+
+class CandidateScorer:
+    """``score(state_dict, batch_indices) -> metrics`` with a ``fitness`` key (higher is better)."""
+
+    def __init__(self, spec: ScorerSpec, data):
+        from alloy.evaluation.candidate import CandidateEvaluator
+
+        self.spec = spec
+        self.evaluator = CandidateEvaluator(spec.model_dir, data, spec.dataset_ids, spec.split, batch_size=spec.batch_size)
+        directions = self.evaluator.metric_directions()
+        metrics = {dataset.metric for dataset in self.evaluator.datasets}
+        if len(metrics) != 1:
+            raise validation_failed("evolution fitness needs datasets of one metric", metrics=sorted(metrics))
+        self.metric = metrics.pop()
+        self.sign = 1.0 if all(directions.values()) else -1.0
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {dataset.dataset_id: len(dataset) for dataset in self.evaluator.datasets}
+
+    def score(self, state_dict, batch_indices: Mapping[str, Sequence[int]] | None = None) -> dict[str, float]:
+        metrics = self.evaluator.score(state_dict, batch_indices)
+        # fitness: the mean over datasets, signed so that higher is better (perplexity is negated)
+        return {**metrics, "fitness": self.sign * metrics[f"mean_{self.metric}"]}
+
+
+_SCORERS: dict[str, CandidateScorer] = {}
+_LOCK = threading.Lock()
+
+
+def cached_scorer(spec: ScorerSpec, data) -> CandidateScorer:
+    """One evaluator per worker process and spec: the skeleton and the tokenised data outlive a trial, because
+    Tune reuses trial actors across PBT exploits."""
+    key = spec.model_dump_json()
+    with _LOCK:
+        scorer = _SCORERS.get(key)
+        if scorer is None:
+            scorer = _SCORERS[key] = CandidateScorer(spec, data)
+        return scorer

@@ -1,0 +1,167 @@
+"""The Ray Tune trainable: one trial is one lineage of candidates; one training iteration is one generation.
+
+Each iteration decodes the trial's genome into a recipe, merges the parents **in memory**
+(``alloy.merge.executor.merge_state_dicts``; the parents arrive once per node through the object store), scores
+the candidate on this generation's rotating dev batch and reports ``fitness`` with a tiny checkpoint holding the
+genome (JSON), never weights.
+
+Where the genome lives (the PBT donor-checkpoint pitfall): the genome is the trial's *config*, and PBT's exploit
+copies the donor's config (then perturbs it); the donor's generation and candidate id reach the recipient in the
+config too (``lineage``, stamped by :class:`evolution.search.GenomePBT` from the donor's last *result*). So a
+recipient never needs the donor's checkpoint files to know what to evaluate next. The checkpoint is only used
+when a trial resumes its *own* progress (``Tuner.restore`` after a forced shutdown). Tune itself still refuses to
+restore from a deleted checkpoint, so the runner also keeps every checkpoint (they are a few hundred bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from evolution.genome import Genome, GenomeSpace
+from evolution.parents import ParentArrays, as_tensors
+from evolution.scoring import ScorerSpec, cached_scorer
+
+GENOME_KEY = "genome"
+LINEAGE_KEY = "lineage"
+STATE_FILE = "genome.json"
+
+
+class TrialSetup(BaseModel):
+    """Everything a trial needs besides its config and the shared parents; small and picklable."""
+
+    space: GenomeSpace
+    scorer: ScorerSpec
+    generations: int = Field(ge=1)
+    dev_batch_size: int | None = None
+    batch_seed: int = 0
+    device: str = "cpu"
+    torch_threads: int = 1
+    # CMA-ES runs one iteration per trial; its "generation" is the trial's ordinal // population.
+    ordinal_generations: int | None = None
+
+
+class CandidateState(BaseModel):
+    """The checkpoint's content, and the lineage passed in configs."""
+
+    trial_id: str | None = None
+    candidate_id: str | None = None
+    generation: int = 0
+    genome: Genome | None = None
+
+
+def rotating_batch(generation: int, size: int, batch_size: int | None, seed: int) -> list[int] | None:
+    """The dev examples scored at ``generation`` (1-based): a fixed seeded permutation cut into consecutive
+    windows, so every candidate of one generation is compared on the same examples and successive generations
+    see fresh ones (no candidate can win by fitting one small batch)."""
+    if batch_size is None or batch_size >= size:
+        return None
+    order = list(range(size))
+    random.Random(seed).shuffle(order)
+    start = ((generation - 1) * batch_size) % size
+    window = order[start:start + batch_size]
+    if len(window) < batch_size:  # wrap around the end of the permutation
+        window += order[: batch_size - len(window)]
+    return sorted(window)
+
+
+def _resume_state(trial_id: str, config: dict[str, Any]) -> CandidateState:
+    """Where this trial continues from: its own checkpoint (resume) or the lineage in its config (exploit)."""
+    from ray import tune
+
+    lineage = CandidateState.model_validate(config.get(LINEAGE_KEY) or {})
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return lineage
+    try:
+        with checkpoint.as_directory() as folder:
+            own = CandidateState.model_validate_json(open(os.path.join(folder, STATE_FILE)).read())
+    except (OSError, ValueError):
+        return lineage  # unreadable or gone: the config still says everything needed
+    if own.trial_id == trial_id and own.generation >= lineage.generation:
+        return own
+    return lineage
+
+
+def _trial_ordinal(trial_id: str) -> int:
+    # Tune names searcher-generated trials "<prefix>_<counter:05d>"; the counter orders CMA-ES candidates.
+    suffix = trial_id.rsplit("_", 1)[-1]
+    return int(suffix) if suffix.isdigit() else 0
+
+
+def rotating_batches(generation: int, sizes: dict[str, int], batch_size: int | None,
+                     seed: int) -> dict[str, list[int] | None] | None:
+    """:func:`rotating_batch` for every fitness dataset (``batch_size`` examples of each)."""
+    if batch_size is None:
+        return None
+    return {dataset_id: rotating_batch(generation, size, batch_size, seed) for dataset_id, size in sizes.items()}
+
+
+def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any, setup: TrialSetup) -> None:
+    import torch
+    from ray import tune
+
+    from alloy.merge.executor import merge_state_dicts
+
+    torch.set_num_threads(setup.torch_threads)
+    trial_id = tune.get_context().get_trial_id()
+    space = setup.space
+    genome = space.validate_genome(config[GENOME_KEY])
+    state = _resume_state(trial_id, config)
+    scorer = cached_scorer(setup.scorer, data)
+    tensors = as_tensors(parents)
+    recipe = space.decode(genome)
+    recipe_dict = recipe.model_dump(mode="json", exclude_none=True)
+
+    generation = state.generation
+    parent_candidate = state.candidate_id
+    if setup.ordinal_generations:
+        generation = _trial_ordinal(trial_id) // setup.ordinal_generations
+    while generation < setup.generations:
+        generation += 1
+        started = time.perf_counter()
+        merged = merge_state_dicts(recipe, tensors, device=setup.device)
+        merged_at = time.perf_counter()
+        batch = rotating_batches(generation, scorer.sizes, setup.dev_batch_size, setup.batch_seed)
+        metrics = scorer.score(merged, batch_indices=batch)
+        scored_at = time.perf_counter()
+        del merged
+        candidate_id = f"{trial_id}-g{generation:03d}"
+        result = {
+            "fitness": metrics["fitness"],
+            "generation": generation,
+            "candidate_id": candidate_id,
+            "parent_candidate": parent_candidate or "",
+            "genome_json": json.dumps(genome, sort_keys=True),
+            "recipe_json": json.dumps(recipe_dict, sort_keys=True),
+            "metrics_json": json.dumps(metrics, sort_keys=True),
+            "batch_examples": _examples(batch, scorer.sizes),
+            "merge_s": merged_at - started,
+            "score_s": scored_at - merged_at,
+        }
+        _report(result, CandidateState(trial_id=trial_id, candidate_id=candidate_id, generation=generation,
+                                       genome=genome))
+        parent_candidate = candidate_id
+        if setup.ordinal_generations:
+            return
+
+
+def _examples(batch: dict[str, list[int] | None] | None, sizes: dict[str, int]) -> int:
+    if batch is None:
+        return sum(sizes.values())
+    return sum(sizes[d] if chosen is None else len(chosen) for d, chosen in batch.items())
+
+
+def _report(result: dict[str, Any], state: CandidateState) -> None:
+    from ray import tune
+
+    with tempfile.TemporaryDirectory(prefix="alloy-genome-") as folder:
+        with open(os.path.join(folder, STATE_FILE), "w") as handle:
+            handle.write(state.model_dump_json())
+        tune.report(result, checkpoint=tune.Checkpoint.from_directory(folder))
