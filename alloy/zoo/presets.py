@@ -68,7 +68,8 @@ def register_preset(manifest: PresetManifest, models_registry, datasets_registry
         if _dataset_exists(datasets_registry, entry.dataset_id):
             continue
         datasets_registry.register(
-            entry.dataset_id, str(entry.path), task=_registered_task(manifest, entry, store), description=entry.description
+            entry.dataset_id, {split: str(entry.split_path(split)) for split in entry.splits},
+            task=_registered_task(manifest, entry, store), description=entry.description,
         )
         registered["datasets"].append(entry.dataset_id)
     return registered

@@ -1,0 +1,191 @@
+"""EvaluationService: evaluate registered models (or folders) on registered datasets; run evaluation jobs.
+
+Plain Python over the storage services (ModelRegistry, DatasetRegistry, ExperimentTracker, JobStore,
+ArtifactStore); the Ray Serve deployment ``deployments/evaluation_engine.py`` is a thin shell over it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field, ValidationError
+
+from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
+from alloy.evaluation.candidate import CandidateEvaluator, prepare_for_model
+from alloy.evaluation.dataset_sources import DatasetSource, RegistryDatasets
+from alloy.evaluation.loaded_model_cache import LoadedModelCache
+from alloy.evaluation.loading import LoadedModel, load_model
+from alloy.evaluation.results import EvalResult
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 32
+Progress = Callable[[dict[str, Any]], None]
+
+
+class EvaluationRequest(BaseModel):
+    """The request of an evaluation job (POST /evaluations)."""
+
+    model_id: str = Field(min_length=1)
+    datasets: list[str] = Field(min_length=1, max_length=64)
+    split: str = Field("test", min_length=1)
+    batch_size: int | None = Field(None, ge=1, le=1024)
+    experiment_id: str | None = None
+
+
+def parse_request(request: dict[str, Any]) -> EvaluationRequest:
+    try:
+        return EvaluationRequest.model_validate(request)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise validation_failed(
+            f"invalid evaluation request: {'.'.join(map(str, first['loc']))}: {first['msg']}",
+            field=".".join(map(str, first["loc"])),
+        ) from None
+
+
+class EvaluationService:
+    def __init__(self, models, datasets, tracker, jobs, store=None, *, cache_capacity: int = 2,
+                 batch_size: int = DEFAULT_BATCH_SIZE, dataset_source: DatasetSource | None = None):
+        self.models = models
+        self.datasets = datasets
+        self.tracker = tracker
+        self.jobs = jobs
+        self.store = store
+        self.batch_size = batch_size
+        self.source: DatasetSource = dataset_source or RegistryDatasets(datasets, store)
+        self.cache = LoadedModelCache(cache_capacity)
+
+    # -- models ---------------------------------------------------------------------------------------------
+    def _load_registered(self, model_id: str) -> LoadedModel:
+        if not self.models.exists(model_id):
+            raise model_not_found(model_id)
+        return self.cache.get(f"id:{model_id}", lambda: load_model(self.models.local_dir(model_id)))
+
+    def cache_stats(self) -> dict[str, int]:
+        return self.cache.stats()
+
+    def clear_cache(self) -> int:
+        return self.cache.clear()
+
+    # -- evaluation -----------------------------------------------------------------------------------------
+    def evaluate_model(self, model_id: str, dataset_ids: Sequence[str], split: str = "test", batch_size: int | None = None,
+                       experiment_id: str | None = None, progress: Progress | None = None) -> list[EvalResult]:
+        """Score a registered model on registered datasets; results are logged to the tracker."""
+        loaded = self._load_registered(model_id)
+        return self._evaluate(loaded, model_id, dataset_ids, split, batch_size, experiment_id, progress)
+
+    def evaluate_dir(self, model_dir: str | Path, dataset_ids: Sequence[str], split: str = "test",
+                     batch_size: int | None = None, model_id: str | None = None, experiment_id: str | None = None,
+                     progress: Progress | None = None) -> list[EvalResult]:
+        """Score a model folder (not necessarily registered); ``model_id`` names it in the records."""
+        model_dir = Path(model_dir)
+        loaded = self.cache.get(f"dir:{model_dir.resolve()}", lambda: load_model(model_dir))
+        return self._evaluate(loaded, model_id or str(model_dir), dataset_ids, split, batch_size, experiment_id, progress)
+
+    def candidate_evaluator(self, base_model_id: str, dataset_ids: Sequence[str], split: str = "dev", *,
+                            max_examples: int | None = None, batch_size: int | None = None, seed: int = 0) -> CandidateEvaluator:
+        """A CandidateEvaluator whose skeleton is the registered model ``base_model_id``."""
+        if not self.models.exists(base_model_id):
+            raise model_not_found(base_model_id)
+        return CandidateEvaluator(self.models.local_dir(base_model_id), self.source, dataset_ids, split,
+                                  batch_size=batch_size or self.batch_size, max_examples=max_examples, seed=seed)
+
+    def _evaluate(self, loaded: LoadedModel, model_id: str, dataset_ids: Sequence[str], split: str,
+                  batch_size: int | None, experiment_id: str | None, progress: Progress | None) -> list[EvalResult]:
+        if not dataset_ids:
+            raise validation_failed("at least one dataset is required")
+        prepared = prepare_for_model(loaded, self.source, list(dataset_ids), split)
+        if experiment_id is None:
+            experiment_id = self._new_experiment(model_id, dataset_ids, split)
+        results = []
+        for done, dataset in enumerate(prepared):
+            started = time.perf_counter()
+            score = dataset.score(loaded.model, None, batch_size or self.batch_size)
+            result = EvalResult(model_id=model_id, dataset_id=dataset.dataset_id, split=split, metric=score.metric,
+                                value=score.value, n=score.n, duration_s=round(time.perf_counter() - started, 3))
+            results.append(result)
+            self._log(experiment_id, result)
+            if progress is not None:
+                progress({"percent": round(100.0 * (done + 1) / len(prepared), 1), "datasets_done": done + 1,
+                          "datasets_total": len(prepared), "last": result.model_dump()})
+        self._flush()
+        return results
+
+    # -- jobs -----------------------------------------------------------------------------------------------
+    def run_job(self, job_id: str):
+        """Run evaluation job ``job_id``: CREATED -> PREPARING -> RUNNING -> COMPLETED, or FAILED with a code."""
+        from alloy.jobs import JobState
+
+        job = self.jobs.get(job_id)
+        if job.state.terminal:
+            return job
+        try:
+            self.jobs.transition(job_id, JobState.PREPARING, progress={"percent": 0.0, "stage": "loading"})
+            request = parse_request(job.request)
+            loaded = self._load_registered(request.model_id)
+            prepared_check = [self.source.load(d, request.split) for d in request.datasets]  # fail before RUNNING
+            del prepared_check
+            self.jobs.transition(job_id, JobState.RUNNING, progress={"stage": "scoring"})
+            started = time.perf_counter()
+            experiment_id = request.experiment_id or self._new_experiment(request.model_id, request.datasets, request.split, job_id)
+            results = self._evaluate(loaded, request.model_id, request.datasets, request.split, request.batch_size,
+                                     experiment_id, lambda p: self.jobs.update_progress(job_id, **p))
+            return self.jobs.complete(job_id, result_summary(results, experiment_id, time.perf_counter() - started))
+        except AlloyError as exc:
+            log.info("evaluation job %s failed: %s", job_id, exc)
+            return self._fail(job_id, exc.code, exc.message)
+        except Exception as exc:  # noqa: BLE001 - any failure must end the job, with a stable code
+            log.exception("evaluation job %s crashed", job_id)
+            return self._fail(job_id, ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+
+    def evaluate_after_merge(self, job_id: str, model_id: str, dataset_ids: Sequence[str], split: str = "test",
+                             batch_size: int | None = None) -> dict[str, Any]:
+        """For a merge job in EVALUATING: score the merged model, report progress on that job, return the summary
+        (the merge engine puts it in its result and completes the job)."""
+        started = time.perf_counter()
+        experiment_id = self._new_experiment(model_id, dataset_ids, split, job_id)
+        results = self.evaluate_model(model_id, dataset_ids, split, batch_size, experiment_id,
+                                      lambda p: self.jobs.update_progress(job_id, evaluation=p))
+        return result_summary(results, experiment_id, time.perf_counter() - started)
+
+    def _fail(self, job_id: str, code: ErrorCode, message: str):
+        job = self.jobs.get(job_id)
+        return job if job.state.terminal else self.jobs.fail(job_id, code, message)
+
+    # -- tracker --------------------------------------------------------------------------------------------
+    def _new_experiment(self, model_id: str, dataset_ids: Sequence[str], split: str, job_id: str | None = None) -> str | None:
+        if self.tracker is None:
+            return None
+        experiment = self.tracker.create_experiment(
+            name=f"evaluate {model_id}", kind="evaluation",
+            config={"model_id": model_id, "datasets": list(dataset_ids), "split": split, "job_id": job_id},
+        )
+        return getattr(experiment, "id", experiment)
+
+    def _log(self, experiment_id: str | None, result: EvalResult) -> None:
+        if self.tracker is not None and experiment_id is not None:
+            self.tracker.log_result(experiment_id, result.model_id, result.dataset_id, result.split, result.metric,
+                                    result.value, result.duration_s)
+
+    def _flush(self) -> None:
+        if self.tracker is not None:
+            self.tracker.flush()
+
+
+def result_summary(results: Sequence[EvalResult], experiment_id: str | None, duration_s: float) -> dict[str, Any]:
+    return {
+        "experiment_id": experiment_id,
+        "results": [r.model_dump() for r in results],
+        "duration_s": round(duration_s, 3),
+    }
+
+
+def configure_threads(threads: int) -> None:
+    """One torch thread per evaluation worker is fastest on shared CPUs (see the benchmark notes)."""
+    torch.set_num_threads(max(1, threads))
