@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from alloy.config import Settings
 from alloy.db import Database
+from alloy.errors import model_not_found
 from alloy.ids import ResourceId
 from alloy.keys import ApiKeyStore, Principal
 from serve_app.errors import install_error_handlers
@@ -57,6 +58,8 @@ def build_test_app(settings: Settings, db_url: str) -> FastAPI:
 
     @app.get("/models/{model_id}")
     def get_model(model_id: ResourceId, principal: Principal = Depends(current_principal)) -> dict[str, str]:
+        if model_id == "missing":
+            raise model_not_found(model_id)
         return {"id": model_id, "owner": principal.owner}
 
     @app.post("/merge/execute", status_code=202)
