@@ -1,0 +1,228 @@
+"""The merge-quality table of the merging papers, on a built zoo preset, with Alloy's own merge code.
+
+For each base model of the preset and its fine-tunes: the base, every fine-tune on every task, the uniform
+average, task arithmetic over a lambda grid, TIES over density x lambda, DARE — per task and averaged, on each
+requested split — then retention (merged / fine-tuned score on the merged tasks) as the number of merged tasks
+grows, with hyper-parameters chosen on the first split (dev).
+
+    python bench/merge_quality.py --preset encoder-5task --split dev,test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from alloy.evaluation.candidate import CandidateEvaluator  # noqa: E402
+from alloy.evaluation.dataset_sources import LocalDatasets  # noqa: E402
+from alloy.evaluation.tasks import higher_is_better  # noqa: E402
+from alloy.merge.executor import merge_state_dicts  # noqa: E402
+from alloy.merge.recipe import MergeRecipe  # noqa: E402
+from alloy.model_manifest import weight_files  # noqa: E402
+from alloy.zoo.manifest import ModelEntry, PresetManifest  # noqa: E402
+from alloy.zoo.presets import build_preset  # noqa: E402
+
+
+@dataclass
+class Row:
+    name: str
+    family: str  # base | fine-tune | average | task_arithmetic | ties | dare
+    recipe: MergeRecipe | None = None
+    model_id: str | None = None
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> dataset -> value
+
+
+def load_state_dict(entry: ModelEntry) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for shard in weight_files(entry.path):
+        state.update(load_file(str(entry.path / shard)))
+    return state
+
+
+def merge_rows(base_id: str, tune_ids: list[str], lambdas: list[float], densities: list[float],
+               ties_lambdas: list[float], dare_drop: float, dare_lambdas: list[float]) -> list[Row]:
+    rows = [Row("uniform average", "average", MergeRecipe(strategy="linear", models=[{"model": m} for m in tune_ids]))]
+    for lam in lambdas:
+        rows.append(Row(f"task arithmetic λ={lam:g}", "task_arithmetic", MergeRecipe(
+            strategy="task_arithmetic", base_model=base_id, models=[{"model": m} for m in tune_ids], parameters={"lambda": lam})))
+    for density in densities:
+        for lam in ties_lambdas:
+            rows.append(Row(f"TIES keep {density:.0%} λ={lam:g}", "ties", MergeRecipe(
+                strategy="ties", base_model=base_id, models=[{"model": m, "parameters": {"density": density}} for m in tune_ids],
+                parameters={"lambda": lam})))
+    for lam in dare_lambdas:
+        rows.append(Row(f"DARE drop {dare_drop:.0%} + TA λ={lam:g}", "dare", MergeRecipe(
+            strategy="dare", base_model=base_id, models=[{"model": m, "parameters": {"drop_rate": dare_drop}} for m in tune_ids],
+            parameters={"lambda": lam}, seed=0)))
+    return rows
+
+
+class Scorer:
+    def __init__(self, manifest: PresetManifest, base: ModelEntry, dataset_ids: list[str], splits: list[str], batch_size: int):
+        source = LocalDatasets(manifest.datasets)
+        started = time.perf_counter()
+        self.evaluators = {s: CandidateEvaluator(base.path, source, dataset_ids, s, batch_size=batch_size) for s in splits}
+        self.setup_seconds = time.perf_counter() - started
+        self.seconds: dict[str, float] = {s: 0.0 for s in splits}
+        self.evaluations = 0
+
+    def score(self, state: dict[str, torch.Tensor], only: list[str] | None = None) -> dict[str, dict[str, float]]:
+        out = {}
+        for split, evaluator in self.evaluators.items():
+            started = time.perf_counter()
+            subset = None if only is None else {d: range(len(ds)) for d, ds in ((x.dataset_id, x) for x in evaluator.datasets) if d in only}
+            if subset is not None:
+                # datasets not asked for get an empty selection
+                subset = {d.dataset_id: (list(subset[d.dataset_id]) if d.dataset_id in subset else []) for d in evaluator.datasets}
+            scores = evaluator.score(state, subset)
+            out[split] = {d: scores[d] for d in evaluator.dataset_ids if only is None or d in only}
+            self.seconds[split] += time.perf_counter() - started
+            self.evaluations += 1
+        return out
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else float("nan")
+
+
+def fmt(value: float, percent: bool) -> str:
+    return f"{100 * value:.1f}" if percent else f"{value:.2f}"
+
+
+def print_table(rows: list[Row], datasets: list[str], splits: list[str], percent: bool, short: dict[str, str]) -> None:
+    eval_split = splits[-1]
+    header = ["model"] + [f"{short[d]} ({eval_split})" for d in datasets] + [f"avg {s}" for s in splits]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        cells = [row.name] + [fmt(row.scores[eval_split][d], percent) for d in datasets]
+        cells += [fmt(mean(row.scores[s].values()), percent) for s in splits]
+        print("| " + " | ".join(cells) + " |")
+
+
+def best(rows: list[Row], family: str, split: str, higher: bool) -> Row:
+    candidates = [r for r in rows if r.family == family]
+    key = lambda r: mean(r.scores[split].values())  # noqa: E731
+    return max(candidates, key=key) if higher else min(candidates, key=key)
+
+
+def run_family(manifest: PresetManifest, base: ModelEntry, args) -> dict:
+    tunes = [m for m in manifest.finetunes(base.model_id) if m.task]
+    datasets = [t.task for t in tunes]
+    higher = all(higher_is_better("perplexity" if manifest.dataset(d).task.get("type") == "perplexity" else "accuracy")
+                 for d in datasets)
+    percent = higher
+    short = {d: d.split("-", 1)[1] if "-" in d else d for d in datasets}
+    print(f"\n## {manifest.preset}: base {base.model_id}, {len(tunes)} fine-tunes, splits {args.split}\n", flush=True)
+
+    started = time.perf_counter()
+    states = {base.model_id: load_state_dict(base)}
+    states.update({t.model_id: load_state_dict(t) for t in tunes})
+    scorer = Scorer(manifest, base, datasets, args.splits, args.batch_size)
+    print(f"(loaded {len(states)} models and prepared {len(datasets)} datasets in {time.perf_counter() - started:.1f}s)", flush=True)
+
+    rows = [Row(f"base ({base.model_id})", "base", model_id=base.model_id)]
+    rows += [Row(f"fine-tune {short[t.task]}", "fine-tune", model_id=t.model_id) for t in tunes]
+    rows += merge_rows(base.model_id, [t.model_id for t in tunes], args.lambdas, args.densities, args.ties_lambdas,
+                       args.dare_drop, args.dare_lambdas)
+    merge_seconds = 0.0
+    for row in rows:
+        if row.recipe is None:
+            state = states[row.model_id]
+        else:
+            t0 = time.perf_counter()
+            state = merge_state_dicts(row.recipe, states)
+            merge_seconds += time.perf_counter() - t0
+        row.scores = scorer.score(state)
+        print(f"  scored {row.name}: " + ", ".join(f"{s} {fmt(mean(v.values()), percent)}" for s, v in row.scores.items()), flush=True)
+
+    eval_split, select_split = args.splits[-1], args.splits[0]
+    own = {t.task: next(r for r in rows if r.model_id == t.model_id).scores for t in tunes}
+    fine_row = Row("each fine-tune on its own task", "summary",
+                   scores={s: {d: own[d][s][d] for d in datasets} for s in args.splits})
+    print()
+    print_table(rows[:1] + rows[1:1 + len(tunes)] + [fine_row] + rows[1 + len(tunes):], datasets, args.splits, percent, short)
+
+    chosen = {f: best(rows, f, select_split, higher) for f in ("average", "task_arithmetic", "ties", "dare")}
+    print(f"\nChosen on {select_split} (reported on {eval_split}): " + "; ".join(
+        f"{r.name} = {fmt(mean(r.scores[eval_split].values()), percent)}" for r in chosen.values()))
+
+    # Retention as the number of merged tasks grows (prefixes of the task list), chosen hyper-parameters.
+    retention: dict[str, dict[int, float]] = {}
+    if higher and len(tunes) >= 3:
+        print(f"\nRetention on {eval_split} (merged ÷ fine-tuned accuracy, mean over the merged tasks):\n")
+        counts = list(range(2, len(tunes) + 1))
+        print("| method | " + " | ".join(f"{k} tasks" for k in counts) + " |")
+        print("|---|" + "---|" * len(counts))
+        for family, row in chosen.items():
+            retention[row.name] = {}
+            for k in counts:
+                subset = tunes[:k]
+                ids = [t.model_id for t in subset]
+                recipe = row.recipe.model_copy(update={"models": [m for m in row.recipe.models if m.model in ids]})
+                scores = scorer.score(merge_state_dicts(recipe, states), only=[t.task for t in subset])[eval_split]
+                retention[row.name][k] = mean(scores[t.task] / own[t.task][eval_split][t.task] for t in subset)
+            print(f"| {row.name} | " + " | ".join(f"{100 * retention[row.name][k]:.1f}%" for k in counts) + " |", flush=True)
+
+    timing = {"setup_s": round(scorer.setup_seconds, 1), "merge_s": round(merge_seconds, 1),
+              "eval_s": {s: round(v, 1) for s, v in scorer.seconds.items()}, "models_scored": len(rows),
+              "examples": {s: sum(len(d) for d in e.datasets) for s, e in scorer.evaluators.items()}}
+    print(f"\nTimes: {json.dumps(timing)}", flush=True)
+    return {"base": base.model_id, "rows": [{"name": r.name, "family": r.family, "scores": r.scores} for r in rows],
+            "chosen": {f: r.name for f, r in chosen.items()}, "retention": retention, "timing": timing}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="encoder-5task")
+    parser.add_argument("--data-dir", default=os.environ.get("ALLOY_DATA_DIR", "var"))
+    parser.add_argument("--split", default="dev,test", help="comma-separated; the first selects, the last reports")
+    parser.add_argument("--lambdas", default="0.3,0.4,0.5,0.7,1.0")
+    parser.add_argument("--densities", default="0.2,0.5")
+    parser.add_argument("--ties-lambdas", default="0.7,1.0")
+    parser.add_argument("--dare-drop", type=float, default=0.9)
+    parser.add_argument("--dare-lambdas", default="0.3,0.5")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--family", default=None, help="only this base model id (presets with several bases)")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    args.splits = [s for s in args.split.split(",") if s]
+    for name in ("lambdas", "densities", "ties_lambdas", "dare_lambdas"):
+        setattr(args, name, [float(x) for x in getattr(args, name).split(",") if x])
+    torch.set_num_threads(args.threads)
+
+    started = time.perf_counter()
+    manifest = build_preset(args.preset, args.data_dir)
+    print(f"# merge quality: preset {args.preset} (build {manifest.build_seconds:.0f}s when built; "
+          f"ready in {time.perf_counter() - started:.1f}s now)")
+    results = []
+    bases = [m for m in manifest.models if m.role == "base" and (args.family is None or m.model_id == args.family)]
+    for base in bases:
+        tunes = manifest.finetunes(base.model_id)
+        kinds = {manifest.dataset(t.task).task.get("type") for t in tunes if t.task}
+        if len(tunes) < 2 or kinds != {"classification"}:
+            print(f"\n(skipping {base.model_id}: the table needs >= 2 fine-tunes scored by accuracy)")
+            continue
+        results.append(run_family(manifest, base, args))
+    print(f"\nTotal bench time {time.perf_counter() - started:.1f}s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
