@@ -1,0 +1,47 @@
+"""The HTTP ingress deployment: builds the FastAPI app of :mod:`serve_app.api` inside its replica, with the
+component deployments' handles.
+
+The app is built late (``__serve_build_asgi_app__``, after the constructor) because it needs this replica's
+settings and database connection; nothing of it is pickled from the process that built the application.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+
+from alloy.config import ConfigHolder
+from deployments.runtime import open_services
+from serve_app.context import ApiContext
+
+
+def _cluster_gpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0))
+
+
+@serve.deployment(name="Ingress", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.1})
+@serve.ingress()
+class Ingress:
+    def __init__(self, args: dict[str, Any], handles: dict[str, Any]):
+        from alloy.lifecycle import alive_ray_nodes, check_storage_for_cluster
+
+        self.args, self.services = open_services(args)
+        check_storage_for_cluster(self.services.settings, len(alive_ray_nodes()))
+        self.services.db  # noqa: B018 - open and verify the schema now, not on the first request
+        self.context = ApiContext(
+            config=ConfigHolder(self.services.settings),
+            services=self.services,
+            handles={name: h for name, h in handles.items() if h is not None},
+            public_url=self.args.public_url,
+            profile=self.services.settings.profile,
+            gpu_on_demand=self.args.gpu_on_demand,
+            gpu_probe=_cluster_gpus,
+        )
+
+    def __serve_build_asgi_app__(self):
+        from serve_app.api import create_api
+
+        return create_api(self.context)
