@@ -1,0 +1,64 @@
+"""``alloy merge RECIPE.yml OUT_DIR``: a local merge, no server. Reads Alloy or mergekit recipes; models are
+local Hugging Face folders (paths relative to the working directory or to the recipe file)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from alloy.errors import AlloyError, ErrorCode
+
+
+def resolve_model_path(reference: str, recipe_dir: Path) -> Path:
+    for candidate in (Path(reference).expanduser(), recipe_dir / reference):
+        if (candidate / "config.json").is_file():
+            return candidate.resolve()
+    raise AlloyError(ErrorCode.MODEL_NOT_FOUND,
+                     f"model {reference!r} is not a local model folder (alloy merge never downloads from a hub)",
+                     {"model_id": reference})
+
+
+@click.command("merge")
+@click.argument("recipe_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
+@click.option("--seed", type=int, default=None, help="Seed for DARE and stochastic TIES (overrides the recipe's)")
+@click.option("--shard-size", "shard_bytes", type=int, default=2 * 1024**3, show_default=True,
+              help="Largest output shard in bytes")
+@click.option("--max-in-flight", type=int, default=4, show_default=True, help="Tensors merged at once, at most")
+@click.option("--workers", type=int, default=2, show_default=True, help="Merge threads")
+@click.option("--quiet", is_flag=True, help="No progress bar")
+def merge(recipe_file: Path, out_dir: Path, device: str, seed: int | None, shard_bytes: int, max_in_flight: int,
+          workers: int, quiet: bool) -> None:
+    """Merge the models of RECIPE_FILE (Alloy or mergekit YAML) into the new folder OUT_DIR."""
+    from tqdm import tqdm
+
+    from alloy.merge.executor import execute_merge
+    from alloy.merge.mergekit import load_recipe_yaml
+
+    try:
+        recipe = load_recipe_yaml(recipe_file.read_text())
+        if seed is not None:
+            recipe = recipe.model_copy(update={"seed": seed})
+        sources = {m: resolve_model_path(m, recipe_file.parent) for m in recipe.model_ids}
+        bar = None if quiet else tqdm(total=0, unit="B", unit_scale=True, desc="merging", file=sys.stderr)
+
+        def report(progress) -> None:
+            if bar is None:
+                return
+            bar.total = progress.bytes_total
+            bar.set_postfix_str(f"{progress.tensors_done}/{progress.tensors_total} tensors", refresh=False)
+            bar.update(progress.bytes_done - bar.n)
+
+        try:
+            result = execute_merge(recipe, sources, out_dir, device=device, progress=report,
+                                   shard_bytes=shard_bytes, max_in_flight=max_in_flight, workers=workers)
+        finally:
+            if bar is not None:
+                bar.close()
+    except AlloyError as exc:
+        raise click.ClickException(f"{exc.code.value}: {exc.message}" + (f" {exc.details}" if exc.details else "")) from None
+    click.echo(f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} "
+               f"in {result.seconds:.1f}s")
