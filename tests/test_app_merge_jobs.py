@@ -1,0 +1,151 @@
+"""The merge job runner without Ray: real SQLite, a real local artifact store, real tiny models."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from alloy.artifacts import ArtifactStore
+from alloy.db import Database
+from alloy.errors import AlloyError, ErrorCode
+from alloy.jobs import JobKind, JobState, JobStore
+from alloy.merge_jobs import MergeJobRunner, MergeRequest, sweep_orphans, validate_merge_request
+from alloy.model_cache import ModelCache
+from alloy.registry.models import ModelRegistry
+
+
+@pytest.fixture()
+def world(tmp_path, tiny_family, tiny_model_factory):
+    db = Database(f"sqlite:///{tmp_path / 'alloy.db'}")
+    db.upgrade()
+    store = ArtifactStore(str(tmp_path / "artifacts"))
+    roots = [Path(tiny_family[0]).parent]
+    registry = ModelRegistry(db, store, model_roots=roots, data_dir=tmp_path)
+    base, tunes = tiny_family
+    registry.register("base", base)
+    for index, tune in enumerate(tunes):
+        registry.register(f"tune{index + 1}", tune)
+    registry.register("gpt", tiny_model_factory("gpt2", seed=5))
+    jobs = JobStore(db)
+    runner = MergeJobRunner(jobs, registry, tmp_path / "work", heartbeat_s=0.2)
+    runner.cache = ModelCache(runner._resolve, capacity_bytes=1 << 30)
+    yield {"db": db, "store": store, "registry": registry, "jobs": jobs, "runner": runner, "tmp": tmp_path}
+    db.close()
+
+
+def leftovers(world) -> list[Path]:
+    work = world["tmp"] / "work"
+    return list(work.rglob("*")) if work.exists() else []
+
+
+def ties_request(output: str, **extra) -> MergeRequest:
+    return MergeRequest(models=["tune1", "tune2"], strategy="ties", base_model="base",
+                        parameters={"density": 0.5}, output_model_id=output, **extra)
+
+
+def submit(world, request: MergeRequest) -> str:
+    return world["jobs"].create(JobKind.MERGE, request.model_dump(mode="json")).id
+
+
+def test_merge_job_runs_to_completed_and_registers_a_loadable_model(world):
+    job_id = submit(world, ties_request("merged"))
+    record = world["runner"].run(job_id)
+
+    assert record.state is JobState.COMPLETED, record.error
+    assert record.result["model_id"] == "merged"
+    assert record.progress["percent"] == 100.0
+    assert record.progress["tensors_done"] == record.progress["tensors_total"] > 0
+    assert [e.to_state for e in world["jobs"].events(job_id)] == [
+        JobState.CREATED, JobState.PREPARING, JobState.RUNNING, JobState.COMPLETED]
+    model = world["registry"].get("merged")
+    assert model.lineage["job_id"] == job_id
+
+    import transformers
+
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(world["registry"].local_dir("merged")))
+    assert sum(p.numel() for p in loaded.parameters()) == model.parameter_count
+    assert leftovers(world) == []  # the private work folder is cleaned up
+
+
+def test_a_failed_job_leaves_nothing_registered_and_no_artifact(world):
+    job_id = submit(world, ties_request("never"))
+    world["registry"].delete("tune2")  # the registry changed between validation and execution
+
+    record = world["runner"].run(job_id)
+
+    assert record.state is JobState.FAILED
+    assert record.error.code == "MODEL_NOT_FOUND"
+    assert not world["registry"].exists("never")
+    assert world["store"].list("models/never") == []
+    assert leftovers(world) == []
+
+
+def test_a_cancelled_merge_is_recorded_as_interrupted_and_replays(world):
+    job_id = submit(world, ties_request("replayed"))
+    cancel = threading.Event()
+    cancel.set()
+
+    record = world["runner"].run(job_id, cancel)
+
+    assert record.state is JobState.CREATED and record.attempts == 1
+    assert "interrupted" in [e.event for e in world["jobs"].events(job_id)]
+    assert not world["registry"].exists("replayed")
+
+    record = world["runner"].run(job_id)
+    assert record.state is JobState.COMPLETED
+    assert "replayed" in [e.event for e in world["jobs"].events(job_id)]
+
+
+def test_a_second_run_of_the_same_job_is_a_no_op(world):
+    job_id = submit(world, ties_request("once"))
+    assert world["runner"].run(job_id).state is JobState.COMPLETED
+    again = world["runner"].run(job_id)
+    assert again.state is JobState.COMPLETED and again.attempts == 0
+
+
+def test_sweep_requeues_a_job_whose_owner_stopped_beating(world):
+    job_id = submit(world, ties_request("orphan"))
+    world["jobs"].transition(job_id, JobState.PREPARING)
+    world["jobs"].transition(job_id, JobState.RUNNING)
+
+    assert sweep_orphans(world["jobs"], stale_after_s=3600) == []  # fresh: still owned
+    assert sweep_orphans(world["jobs"], stale_after_s=0, running_here={job_id}) == []  # owned by us
+    assert sweep_orphans(world["jobs"], stale_after_s=0) == [job_id]
+
+    events = world["jobs"].events(job_id)
+    assert events[-1].event == "interrupted" and "owner lost" in events[-1].reason
+    assert world["runner"].run(job_id).state is JobState.COMPLETED
+
+
+def test_model_cache_counts_hits_across_jobs_and_clears(world):
+    runner = world["runner"]
+    runner.run(submit(world, ties_request("first")))
+    first = runner.cache.stats()
+    assert first.misses == 3 and first.hits == 0
+    runner.run(submit(world, ties_request("second")))
+    assert runner.cache.stats().hits == 3
+    assert runner.cache.clear().hit_rate == 0.0
+
+
+@pytest.mark.parametrize("request_fields, code", [
+    ({"strategy": "blend"}, ErrorCode.INVALID_STRATEGY),
+    ({"parameters": {"density": 7}}, ErrorCode.VALIDATION_FAILED),
+    ({"models": ["tune1", "ghost"]}, ErrorCode.MODEL_NOT_FOUND),
+    ({"models": ["tune1", "gpt"]}, ErrorCode.INCOMPATIBLE_MODELS),
+    ({"output_model_id": "tune3"}, ErrorCode.ALREADY_EXISTS),
+])
+def test_synchronous_validation_errors(world, request_fields, code):
+    fields = {"models": ["tune1", "tune2"], "strategy": "ties", "base_model": "base",
+              "parameters": {"density": 0.5}, "output_model_id": "fresh", **request_fields}
+    with pytest.raises(AlloyError) as caught:
+        validate_merge_request(MergeRequest(**fields), models=world["registry"], jobs=world["jobs"])
+    assert caught.value.code is code
+
+
+def test_an_output_id_claimed_by_a_running_job_is_refused(world):
+    submit(world, ties_request("claimed"))
+    with pytest.raises(AlloyError) as caught:
+        validate_merge_request(ties_request("claimed"), models=world["registry"], jobs=world["jobs"])
+    assert caught.value.code is ErrorCode.ALREADY_EXISTS
