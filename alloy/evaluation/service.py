@@ -60,6 +60,7 @@ class EvaluationService:
         self.batch_size = batch_size
         self.source: DatasetSource = dataset_source or RegistryDatasets(datasets, store)
         self.cache = LoadedModelCache(cache_capacity)
+        self.last_experiment_id: str | None = None
 
     # -- models ---------------------------------------------------------------------------------------------
     def _load_registered(self, model_id: str) -> LoadedModel:
@@ -103,6 +104,7 @@ class EvaluationService:
         prepared = prepare_for_model(loaded, self.source, list(dataset_ids), split)
         if experiment_id is None:
             experiment_id = self._new_experiment(model_id, dataset_ids, split)
+        self.last_experiment_id = experiment_id
         results = []
         for done, dataset in enumerate(prepared):
             started = time.perf_counter()
@@ -162,11 +164,10 @@ class EvaluationService:
     def _new_experiment(self, model_id: str, dataset_ids: Sequence[str], split: str, job_id: str | None = None) -> str | None:
         if self.tracker is None:
             return None
-        experiment = self.tracker.create_experiment(
+        return self.tracker.create_experiment(
             name=f"evaluate {model_id}", kind="evaluation",
-            config={"model_id": model_id, "datasets": list(dataset_ids), "split": split, "job_id": job_id},
+            params={"model_id": model_id, "datasets": list(dataset_ids), "split": split, "job_id": job_id},
         )
-        return getattr(experiment, "id", experiment)
 
     def _log(self, experiment_id: str | None, result: EvalResult) -> None:
         if self.tracker is not None and experiment_id is not None:
