@@ -160,25 +160,34 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def _incoming_request_id(scope: Scope) -> str | None:
+def _incoming_request_id(scope: Scope, *, trusted: bool) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
             text = value.decode("latin-1")
+            if trusted:  # set or vetted by the Serve proxy, which also echoes it: body and header must agree
+                return text[:256] or None
             return text if _REQUEST_ID_PATTERN.match(text) else None
     return None
 
 
 class RequestContextMiddleware:
-    """Outermost Alloy middleware: request id, response headers from inner layers, last-resort 500."""
+    """Outermost Alloy middleware: request id, response headers from inner layers, last-resort 500.
 
-    def __init__(self, app: ASGIApp) -> None:
+    ``proxy_sets_request_id=True`` is for Ray Serve: its HTTP proxy always puts an ``X-Request-ID`` on the
+    request (the client's or a new one) and appends the same value to the response, so here the incoming id is
+    used as-is and no second header is added.
+    """
+
+    def __init__(self, app: ASGIApp, *, proxy_sets_request_id: bool = False) -> None:
         self.app = app
+        self.proxy_sets_request_id = proxy_sets_request_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _incoming_request_id(scope) or new_request_id()
+        request_id = _incoming_request_id(scope, trusted=self.proxy_sets_request_id) or new_request_id()
+        add_request_id_header = not self.proxy_sets_request_id
         state = scope.setdefault("state", {})
         state[STATE_REQUEST_ID] = request_id
         extra_headers: list[tuple[str, str]] = state.setdefault(STATE_RESPONSE_HEADERS, [])
@@ -188,9 +197,11 @@ class RequestContextMiddleware:
             nonlocal response_started
             if message["type"] == "http.response.start":
                 response_started = True
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                headers = list(message.get("headers", []))
+                if add_request_id_header:
+                    headers = [(k, v) for k, v in headers if k.lower() != b"x-request-id"]
+                    headers.append((b"x-request-id", request_id.encode("latin-1")))
                 present = {k.lower() for k, _ in headers}
-                headers.append((b"x-request-id", request_id.encode("latin-1")))
                 for name, value in extra_headers:
                     encoded = name.lower().encode("latin-1")
                     if encoded not in present:
@@ -208,17 +219,18 @@ class RequestContextMiddleware:
             await internal_error_response(request_id)(scope, receive, send_with_headers)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, *, behind_serve_proxy: bool = False) -> None:
     """Give every error of ``app`` the one shape and every response an ``X-Request-ID``.
 
     Call before :func:`serve_app.security.install_security` is fine and after is fine: the request-context
-    middleware is always placed outermost among Alloy's middlewares.
+    middleware is always placed outermost among Alloy's middlewares. Pass ``behind_serve_proxy=True`` when the
+    app is a Ray Serve ingress (the proxy adds ``X-Request-ID`` to responses itself; see RequestContextMiddleware).
     """
     app.add_exception_handler(AlloyError, _handle_alloy_error)
     app.add_exception_handler(RequestValidationError, _handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
     if not any(m.cls is RequestContextMiddleware for m in app.user_middleware):
-        app.user_middleware.insert(0, Middleware(RequestContextMiddleware))
+        app.user_middleware.insert(0, Middleware(RequestContextMiddleware, proxy_sets_request_id=behind_serve_proxy))
     _document_errors(app)
 
 

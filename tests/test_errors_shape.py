@@ -102,3 +102,26 @@ def test_every_code_has_one_documented_status():
     for code, status in HTTP_STATUS.items():
         assert f"| `{code.value}` | {status} |" in table, code
     assert len(HTTP_STATUS) == len(ErrorCode)
+
+
+def test_behind_the_serve_proxy_there_is_one_request_id():
+    """Ray Serve's proxy adds X-Request-ID to every request and response itself (its RequestIdMiddleware, applied
+    here exactly as the proxy applies it); with behind_serve_proxy=True the body's request_id is that same id
+    and the response carries exactly one X-Request-ID."""
+    from fastapi import FastAPI
+    from ray.serve._private.http_util import RequestIdMiddleware
+
+    from serve_app.errors import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app, behind_serve_proxy=True)
+    proxied = FastAPI()
+    proxied.mount("/", RequestIdMiddleware(app))
+    with serve_in_thread(proxied) as url:
+        for headers in ({}, {"X-Request-ID": "client-chosen id"}):
+            response = httpx.get(url + "/missing", headers=headers)
+            assert response.status_code == 404
+            ids = response.headers.get_list("x-request-id")
+            assert len(ids) == 1 and response.json()["error"]["request_id"] == ids[0]
+            if headers:
+                assert ids[0] == "client-chosen id"
