@@ -72,6 +72,12 @@ class MergeSettings(BaseModel):
     threads: int = Field(1, ge=1)
 
 
+class EvaluationSettings(BaseModel):
+    batch_size: int = Field(32, ge=1, le=1024, description="examples per forward pass")
+    cache_models: int = Field(2, ge=0, description="loaded models kept per evaluation replica (LRU)")
+    threads: int = Field(1, ge=1, description="torch CPU threads per evaluation replica")
+
+
 class LifecycleSettings(BaseModel):
     shutdown_timeout_s: float = Field(300.0, ge=0)
     warm_skip_dependency_checks: bool = False
@@ -99,6 +105,7 @@ class Settings(BaseSettings):
     server: ServerSettings = ServerSettings()
     merge: MergeSettings = MergeSettings()
     lifecycle: LifecycleSettings = LifecycleSettings()
+    evaluation: EvaluationSettings = EvaluationSettings()
     vault: VaultSettings = VaultSettings()
 
     @field_validator("model_roots", mode="before")
