@@ -1,4 +1,4 @@
-"""DatasetRegistry on SQLite/PostgreSQL x local/S3 artifact stores."""
+"""DatasetRegistry on SQLite and PostgreSQL with a local store; registration and reads also on S3."""
 
 from __future__ import annotations
 
@@ -15,7 +15,15 @@ TASK = {"type": "classification", "text_field": "text", "label_field": "label", 
 
 
 @pytest.fixture
-def datasets(database, artifact_store):
+def datasets(database, tmp_path):
+    from alloy.artifacts import ArtifactStore
+
+    return DatasetRegistry(database, ArtifactStore(tmp_path / "artifacts"))
+
+
+@pytest.fixture
+def any_store_datasets(database, artifact_store):
+    """The registry over the local store and over S3."""
     return DatasetRegistry(database, artifact_store)
 
 
@@ -28,16 +36,16 @@ def files(tmp_path):
     return {"train": train, "test": test}
 
 
-def test_register_splits_schema_and_row_counts(datasets, files):
-    record = datasets.register("sentiment", files, task=TASK, description="tiny", owner="alice")
+def test_register_splits_schema_and_row_counts(any_store_datasets, files):
+    record = any_store_datasets.register("sentiment", files, task=TASK, description="tiny", owner="alice")
     assert record.schema_fields == {"text": "string", "label": "int64"}
     assert {n: s.rows for n, s in record.splits.items()} == {"train": 3, "test": 2}
     assert record.row_count == 5 and record.task == TASK and record.owner == "alice"
     assert record.splits["test"].source_format == "jsonl" and len(record.splits["test"].sha256) == 64
-    assert datasets.get("sentiment") == record
-    test = datasets.read_split("sentiment", "test")
+    assert any_store_datasets.get("sentiment") == record
+    test = any_store_datasets.read_split("sentiment", "test")
     assert test.column("text").to_pylist() == ["meh", "great"]
-    assert datasets.read_split("sentiment", "train").num_rows == 3
+    assert any_store_datasets.read_split("sentiment", "train").num_rows == 3
 
 
 def test_single_file_is_the_train_split(datasets, files):
@@ -72,8 +80,8 @@ def test_refusals(datasets, files, tmp_path):
     assert not datasets.exists("e")
 
 
-def test_roots_confine_dataset_files(database, artifact_store, files, tmp_path_factory):
-    confined = DatasetRegistry(database, artifact_store, roots=[tmp_path_factory.mktemp("only-here")])
+def test_roots_confine_dataset_files(datasets, files, tmp_path_factory):
+    confined = DatasetRegistry(datasets.db, datasets.store, roots=[tmp_path_factory.mktemp("only-here")])
     with pytest.raises(AlloyError) as caught:
         confined.register("d", files["train"])
     assert caught.value.code is ErrorCode.VALIDATION_FAILED

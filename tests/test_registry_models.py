@@ -1,4 +1,5 @@
-"""ModelRegistry on SQLite/PostgreSQL x local/S3 artifact stores, with tiny real Hugging Face models."""
+"""ModelRegistry with tiny real Hugging Face models: every test on SQLite and PostgreSQL with a local artifact
+store; the storage-facing ones (register, local_dir, shards, artifact sources) also on the moto S3 store."""
 
 from __future__ import annotations
 
@@ -17,39 +18,48 @@ def tiny_llama(tiny_model_factory):
 
 
 @pytest.fixture
-def registry(database, artifact_store, tiny_llama, tmp_path):
+def registry(database, tiny_llama, tmp_path):
+    from alloy.artifacts import ArtifactStore
+
+    return ModelRegistry(database, ArtifactStore(tmp_path / "artifacts"), model_roots=[tiny_llama.parent],
+                         data_dir=tmp_path / "var")
+
+
+@pytest.fixture
+def any_store_registry(database, artifact_store, tiny_llama, tmp_path):
+    """The registry over the local store and over S3."""
     return ModelRegistry(database, artifact_store, model_roots=[tiny_llama.parent], data_dir=tmp_path / "var")
 
 
-def test_register_reads_config_and_headers(registry, tiny_llama):
-    record = registry.register("tiny-llama", tiny_llama, owner="alice", lineage={"source": "zoo"})
+def test_register_reads_config_and_headers(any_store_registry, tiny_llama):
+    record = any_store_registry.register("tiny-llama", tiny_llama, owner="alice", lineage={"source": "zoo"})
     config = json.loads((tiny_llama / "config.json").read_text())
     assert record.architecture == "LlamaForCausalLM" and record.model_type == "llama"
     assert record.num_layers == config["num_hidden_layers"] and record.hidden_size == config["hidden_size"]
     assert record.dtypes == ["F32"] and record.shards == ["model.safetensors"]
-    manifest = registry.manifest("tiny-llama")
+    manifest = any_store_registry.manifest("tiny-llama")
     assert record.tensor_count == len(manifest.tensors) > 0
     assert record.parameter_count == sum(t.numel for t in manifest.tensors.values())
     assert manifest.tensors["model.embed_tokens.weight"].shape == [config["vocab_size"], config["hidden_size"]]
     assert record.fingerprint == manifest.fingerprint and len(record.fingerprint) == 32
     assert record.artifact_prefix == "models/tiny-llama" and record.owner == "alice"
-    assert registry.get("tiny-llama") == record and registry.exists("tiny-llama")
+    assert any_store_registry.get("tiny-llama") == record and any_store_registry.exists("tiny-llama")
 
 
-def test_local_dir_holds_the_files(registry, tiny_llama):
-    registry.register("m", tiny_llama)
-    local = registry.local_dir("m")
+def test_local_dir_holds_the_files(any_store_registry, tiny_llama):
+    any_store_registry.register("m", tiny_llama)
+    local = any_store_registry.local_dir("m")
     assert (local / "model.safetensors").read_bytes() == (tiny_llama / "model.safetensors").read_bytes()
     assert (local / "config.json").exists()
-    assert registry.local_dir("m") == local  # cached (S3) or the store folder itself (local)
+    assert any_store_registry.local_dir("m") == local  # cached (S3) or the store folder itself (local)
 
 
-def test_sharded_model_records_every_shard(registry, tiny_model_factory):
-    sharded = tiny_model_factory("llama", seed=0, max_shard_size="20KB")
-    record = registry.register("sharded", sharded)
+def test_sharded_model_records_every_shard(any_store_registry, tiny_model_factory):
+    sharded = tiny_model_factory("llama", seed=0, max_shard_size="50KB")
+    record = any_store_registry.register("sharded", sharded)
     assert len(record.shards) > 1
-    assert record.fingerprint == registry.register("single", tiny_model_factory("llama", seed=0)).fingerprint
-    local = registry.local_dir("sharded")
+    assert record.fingerprint == any_store_registry.register("single", tiny_model_factory("llama", seed=0)).fingerprint
+    local = any_store_registry.local_dir("sharded")
     assert {p.name for p in local.glob("*.safetensors")} == set(record.shards)
     assert (local / "model.safetensors.index.json").exists()
 
@@ -127,14 +137,14 @@ def test_list_pages_and_delete(registry, tiny_llama):
     registry.register("m0", tiny_llama)  # the id is free again
 
 
-def test_register_an_artifact_folder_in_place(registry, tiny_llama):
-    registry.store.put_dir("outputs/job-1", tiny_llama)
-    for source in (registry.store.uri_for("outputs/job-1"),):
-        record = registry.register("merged", source, lineage={"job_id": "job-1"})
+def test_register_an_artifact_folder_in_place(any_store_registry, tiny_llama):
+    any_store_registry.store.put_dir("outputs/job-1", tiny_llama)
+    for source in (any_store_registry.store.uri_for("outputs/job-1"),):
+        record = any_store_registry.register("merged", source, lineage={"job_id": "job-1"})
     assert record.artifact_prefix == "outputs/job-1" and record.lineage == {"job_id": "job-1"}
-    assert (registry.local_dir("merged") / "model.safetensors").exists()
+    assert (any_store_registry.local_dir("merged") / "model.safetensors").exists()
     with pytest.raises(AlloyError) as caught:
-        registry.register("half", registry.store.uri_for("outputs/missing"))
+        any_store_registry.register("half", any_store_registry.store.uri_for("outputs/missing"))
     assert caught.value.code is ErrorCode.VALIDATION_FAILED
 
 
