@@ -18,7 +18,7 @@ from evolution.genome import GenomeSpace
 from evolution.parents import ParentArrays
 from evolution.scoring import ScorerSpec
 from evolution.search import EvolutionStopper, build_tune_config, is_cancelled
-from evolution.tracking import Candidate, CandidateCallback
+from evolution.tracking import Candidate, CandidateCallback, CandidateSink, register_sink
 from evolution.trainable import TrialSetup, evolution_trainable
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,11 @@ def run_search(
     data: Any,
     scorer: ScorerSpec,
     device: str = "cpu",
+    sink: CandidateSink | None = None,
     verbose: int = 0,
 ) -> SearchOutcome:
+    """Run (or resume) the search; every candidate reported in this process reaches ``sink`` and the outcome.
+    (Tune's per-trial result files are not a complete record across PBT restarts; the callback is.)"""
     from ray import tune
 
     storage_path = Path(storage_path).resolve()
@@ -83,27 +86,25 @@ def run_search(
             verbose=verbose,
         )
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
-    grid = tuner.fit()
+    collected = _CollectingSink(sink)
+    register_sink(run_name, collected)
+    try:
+        grid = tuner.fit()
+    finally:
+        register_sink(run_name, None)
     cancelled = is_cancelled(run_name)
-    candidates, errored = collect_candidates(grid)
+    errored = [str(result.path) for result in grid if result.error is not None]
+    candidates = sorted(collected.candidates, key=lambda c: (c.generation, c.candidate_id))
     return SearchOutcome(candidates=candidates, resumed=resumed, cancelled=cancelled, errored_trials=errored,
                          wall_s=time.perf_counter() - started, experiment_path=str(experiment_path))
 
 
-def collect_candidates(grid) -> tuple[list[Candidate], list[str]]:
-    """Every candidate of every trial, from Tune's own per-trial result logs (complete after a restore too)."""
-    candidates: dict[str, Candidate] = {}
-    errored: list[str] = []
-    for result in grid:
-        trial_id = result.metrics.get("trial_id") if result.metrics else None
-        if result.error is not None:
-            errored.append(str(trial_id or result.path))
-        frame = result.metrics_dataframe
-        if frame is None or "candidate_id" not in frame.columns:
-            continue
-        for row in frame.to_dict("records"):
-            if not isinstance(row.get("candidate_id"), str):
-                continue
-            candidate = Candidate.from_result(str(row.get("trial_id") or trial_id), row)
-            candidates[candidate.candidate_id] = candidate
-    return sorted(candidates.values(), key=lambda c: (c.generation, c.candidate_id)), errored
+class _CollectingSink:
+    def __init__(self, downstream: CandidateSink | None):
+        self.downstream = downstream
+        self.candidates: list[Candidate] = []
+
+    def on_candidate(self, candidate: Candidate) -> None:
+        self.candidates.append(candidate)
+        if self.downstream is not None:
+            self.downstream.on_candidate(candidate)

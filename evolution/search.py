@@ -15,11 +15,12 @@ from typing import Any
 
 from ray import tune
 from ray.tune.schedulers import PopulationBasedTraining
+from ray.tune.search import ConcurrencyLimiter
 from ray.tune.stopper import Stopper
 
 from evolution.config import SearchSettings
 from evolution.genome import GenomeSpace
-from evolution.trainable import GENOME_KEY, LINEAGE_KEY
+from evolution.trainable import GENOME_KEY, LINEAGE_KEY, ORDINAL_KEY
 
 METRIC = "fitness"
 MODE = "max"
@@ -144,9 +145,22 @@ def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tun
     return _cmaes_tune_config(space, settings), {}
 
 
+class OrdinalLimiter(ConcurrencyLimiter):
+    """Numbers the suggested candidates (config ``ordinal``): CMA-ES generation = ordinal // population, so the
+    candidates of one CMA-ES generation are scored on the same rotating dev batch."""
+
+    _next_ordinal = 0
+
+    def suggest(self, trial_id):
+        config = super().suggest(trial_id)
+        if isinstance(config, dict):
+            config = {**config, ORDINAL_KEY: self._next_ordinal}
+            self._next_ordinal += 1
+        return config
+
+
 def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.TuneConfig:
     import optuna
-    from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
     genes = space.genes()
@@ -154,10 +168,11 @@ def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.Tun
                      for gene in genes}
     x0 = {f"{GENOME_KEY}/{gene.name}": gene.bounds.start for gene in genes} if settings.include_initial else None
     sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=settings.sigma * 2, popsize=settings.population,
-                                           seed=settings.seed, n_startup_trials=0)
+                                           seed=settings.seed, n_startup_trials=0,
+                                           warn_independent_sampling=False)
     searcher = OptunaSearch(space=distributions, sampler=sampler, metric=METRIC, mode=MODE, seed=settings.seed)
     # CMA-ES asks a generation at a time; never more candidates in flight than one generation.
-    limited = ConcurrencyLimiter(searcher, max_concurrent=min(settings.population,
+    limited = OrdinalLimiter(searcher, max_concurrent=min(settings.population,
                                                               settings.max_concurrent_trials or settings.population))
     return tune.TuneConfig(
         metric=METRIC, mode=MODE, search_alg=limited, num_samples=settings.population * settings.generations,

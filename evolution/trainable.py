@@ -30,6 +30,7 @@ from evolution.scoring import ScorerSpec, cached_scorer
 
 GENOME_KEY = "genome"
 LINEAGE_KEY = "lineage"
+ORDINAL_KEY = "ordinal"
 STATE_FILE = "genome.json"
 
 
@@ -89,12 +90,6 @@ def _resume_state(trial_id: str, config: dict[str, Any]) -> CandidateState:
     return lineage
 
 
-def _trial_ordinal(trial_id: str) -> int:
-    # Tune names searcher-generated trials "<prefix>_<counter:05d>"; the counter orders CMA-ES candidates.
-    suffix = trial_id.rsplit("_", 1)[-1]
-    return int(suffix) if suffix.isdigit() else 0
-
-
 def rotating_batches(generation: int, sizes: dict[str, int], batch_size: int | None,
                      seed: int) -> dict[str, list[int] | None] | None:
     """:func:`rotating_batch` for every fitness dataset (``batch_size`` examples of each)."""
@@ -122,7 +117,7 @@ def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any
     generation = state.generation
     parent_candidate = state.candidate_id
     if setup.ordinal_generations:
-        generation = _trial_ordinal(trial_id) // setup.ordinal_generations
+        generation = int(config.get(ORDINAL_KEY, 0)) // setup.ordinal_generations
     while generation < setup.generations:
         generation += 1
         started = time.perf_counter()
