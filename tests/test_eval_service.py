@@ -95,10 +95,21 @@ def test_run_job_completes_with_progress_and_results(stack):
     assert stack.run_job(job.id).state.value == "COMPLETED"  # a finished job is left as it is
 
 
+def test_run_job_with_several_models_as_the_http_api_sends_them(stack):
+    job = stack.jobs.create("evaluation", {"models": ["tiny-enc-base", "tiny-enc-ft-case"], "datasets": ["tiny-case"],
+                                           "split": "dev"})
+    done = stack.run_job(job.id)
+    assert done.state.value == "COMPLETED", done.error
+    assert [r["model_id"] for r in done.result["results"]] == ["tiny-enc-base", "tiny-enc-ft-case"]
+    assert done.progress["percent"] == 100.0
+
+
 @pytest.mark.parametrize("request_body, code", [
     ({"model_id": "nope", "datasets": ["tiny-case"]}, "MODEL_NOT_FOUND"),
     ({"model_id": "tiny-enc-base", "datasets": ["no-such-dataset"]}, "NOT_FOUND"),
     ({"model_id": "tiny-enc-base", "datasets": []}, "VALIDATION_FAILED"),
+    ({"model_id": "tiny-enc-base", "models": ["tiny-enc-base"], "datasets": ["tiny-case"]}, "VALIDATION_FAILED"),
+    ({"models": ["tiny-enc-base", "nope"], "datasets": ["tiny-case"]}, "MODEL_NOT_FOUND"),
     ({"model_id": "tiny-enc-base", "datasets": ["tiny-ppl-words"], "split": "dev"}, "VALIDATION_FAILED"),
     ({"model_id": "tiny-enc-base", "datasets": ["tiny-case"], "split": "nosuchsplit"}, "NOT_FOUND"),
 ])

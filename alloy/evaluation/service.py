@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
 from alloy.evaluation.candidate import CandidateEvaluator, prepare_for_model
@@ -29,13 +29,25 @@ Progress = Callable[[dict[str, Any]], None]
 
 
 class EvaluationRequest(BaseModel):
-    """The request of an evaluation job (POST /evaluations)."""
+    """The request of an evaluation job (POST /evaluations): one model (``model_id``) or several (``models``),
+    each scored on every dataset."""
 
-    model_id: str = Field(min_length=1)
+    model_id: str | None = Field(None, min_length=1)
+    models: list[str] | None = Field(None, min_length=1, max_length=16)
     datasets: list[str] = Field(min_length=1, max_length=64)
     split: str = Field("test", min_length=1)
     batch_size: int | None = Field(None, ge=1, le=1024)
     experiment_id: str | None = None
+
+    @model_validator(mode="after")
+    def _one_model_form(self) -> "EvaluationRequest":
+        if (self.model_id is None) == (self.models is None):
+            raise ValueError("give either model_id or models")
+        return self
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [self.model_id] if self.model_id is not None else list(dict.fromkeys(self.models or []))
 
 
 def parse_request(request: dict[str, Any]) -> EvaluationRequest:
@@ -130,14 +142,22 @@ class EvaluationService:
         try:
             self.jobs.transition(job_id, JobState.PREPARING, progress={"percent": 0.0, "stage": "loading"})
             request = parse_request(job.request)
-            loaded = self._load_registered(request.model_id)
-            prepared_check = [self.source.load(d, request.split) for d in request.datasets]  # fail before RUNNING
-            del prepared_check
+            for model_id in request.model_ids:  # fail before RUNNING on anything unknown
+                if not self.models.exists(model_id):
+                    raise model_not_found(model_id)
+            for dataset_id in request.datasets:
+                self.source.load(dataset_id, request.split)
             self.jobs.transition(job_id, JobState.RUNNING, progress={"stage": "scoring"})
             started = time.perf_counter()
-            experiment_id = request.experiment_id or self._new_experiment(request.model_id, request.datasets, request.split, job_id)
-            results = self._evaluate(loaded, request.model_id, request.datasets, request.split, request.batch_size,
-                                     experiment_id, lambda p: self.jobs.update_progress(job_id, **p))
+            experiment_id = request.experiment_id or self._new_experiment(
+                ",".join(request.model_ids), request.datasets, request.split, job_id)
+            results: list[EvalResult] = []
+            for index, model_id in enumerate(request.model_ids):
+                share = 100.0 / len(request.model_ids)
+                report = lambda p, index=index, model_id=model_id: self.jobs.update_progress(  # noqa: E731
+                    job_id, **{**p, "model_id": model_id, "percent": round(index * share + p["percent"] * share / 100, 1)})
+                results += self.evaluate_model(model_id, request.datasets, request.split, request.batch_size,
+                                               experiment_id, report)
             return self.jobs.complete(job_id, result_summary(results, experiment_id, time.perf_counter() - started))
         except AlloyError as exc:
             log.info("evaluation job %s failed: %s", job_id, exc)
