@@ -76,8 +76,18 @@ class MergeEngineDeployment:
 
     async def run_job(self, job_id: str) -> dict[str, Any]:
         cancel = threading.Event()
-        record = await asyncio.to_thread(self._run_in_slot, job_id, cancel)
-        return {"job_id": record.id, "state": record.state.value}
+        merge = asyncio.ensure_future(asyncio.to_thread(self._run_in_slot, job_id, cancel))
+        while True:
+            try:
+                record = await asyncio.shield(merge)
+                return {"job_id": record.id, "state": record.state.value}
+            except asyncio.CancelledError:
+                if merge.done():
+                    raise
+                # The caller went away (an ingress replica restarted, a client disconnected). The job belongs
+                # to this replica, not to the caller: keep it running *as this request*, so it stays visible
+                # to autoscaling and a shutdown still drains it.
+                logger.info("caller of merge job %s went away; the merge continues", job_id)
 
     def _run_in_slot(self, job_id: str, cancel: threading.Event):
         with self._slots:
