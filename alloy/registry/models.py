@@ -20,6 +20,7 @@ from alloy.db.page import check_paging
 from alloy.db.types import utcnow
 from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
 from alloy.model_manifest import PICKLE_SUFFIXES, ModelManifest, read_manifest
+from alloy.ids import confined_path
 from alloy.registry.ids import check_id, namespace_clashes
 
 if TYPE_CHECKING:
@@ -51,10 +52,6 @@ class ModelRecord(BaseModel):
     @classmethod
     def from_row(cls, row: ModelRow) -> "ModelRecord":
         return cls.model_validate(row, from_attributes=True)
-
-
-def _is_within(path: Path, roots: list[Path]) -> bool:
-    return any(path == root or root in path.parents for root in roots)
 
 
 def files_to_copy(model_dir: Path) -> list[str]:
@@ -142,12 +139,8 @@ class ModelRegistry:
         return key
 
     def _confined_local(self, source: str | os.PathLike) -> Path:
-        path = Path(str(source).removeprefix("file://")).expanduser().resolve()  # resolves symlinks too
-        if not _is_within(path, self.allowed_roots):
-            raise validation_failed(
-                "model path is outside the configured model roots",
-                path=str(source), model_roots=[str(r) for r in self.allowed_roots],
-            )
+        # The error never names the configured roots: clients learn nothing about the server's folders.
+        path = confined_path(Path(str(source).removeprefix("file://")).expanduser(), self.allowed_roots, kind="model path")
         if not path.is_dir():
             raise validation_failed("model path is not a folder", path=str(source))
         return path
