@@ -159,10 +159,10 @@ class MergeJobRunner:
             recipe, sources = self._prepare(request)
             self._check_cancel(cancel)
             result = self._merge(job_id, recipe, sources, out_dir, cancel)
-            metrics = None
+            evaluation = None
             if request.evaluate is not None and self.evaluate is not None:
                 self.jobs.transition(job_id, JobState.EVALUATING, progress={"stage": "evaluating"})
-                metrics = self.evaluate(out_dir, request)
+                evaluation = self.evaluate(out_dir, request)
                 self._check_cancel(cancel)
             heartbeat.stop()
             record = self.models.register(
@@ -172,7 +172,7 @@ class MergeJobRunner:
             )
             registered = request.output_model_id
             return self.jobs.complete(job_id, {
-                "model_id": record.id, "metrics": metrics, **result,
+                "model_id": record.id, "evaluation": evaluation, **result,
             })
         except JobInterrupted:
             return self._interrupted(job_id, "replica shutting down: merge cancelled", registered)

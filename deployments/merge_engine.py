@@ -70,7 +70,7 @@ class MergeEngineDeployment:
 
         def evaluate(model_dir: Path, request) -> dict[str, Any]:
             return evaluate_model_dir(model_dir, request.evaluate.datasets, request.evaluate.split,
-                                      datasets=datasets, db=db)
+                                      datasets=datasets, db=db, model_id=request.output_model_id)
 
         return evaluate
 
