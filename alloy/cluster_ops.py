@@ -1,0 +1,135 @@
+"""The Ray Serve side of the cluster lifecycle: the step bodies ``alloy start`` / ``alloy stop`` plug into the
+plain sequences of :mod:`alloy.startup` and :mod:`alloy.shutdown`.
+
+- pools: the replica count of each deployment (``current_pools``), persisted as the warm-start snapshot, and
+  ``apply_pool_snapshot`` which writes a snapshot back into a Serve config before it is deployed (fixed
+  deployments get ``num_replicas``; autoscaled ones ``initial_replicas``, clamped to their min/max);
+- endpoint health: every deployment's ``health`` method through its handle, plus the HTTP proxy
+  (``check_endpoints``; the abbreviated warm-start check asks the ingress and the engines only);
+- replay: a dispatcher per job kind that calls the engine's ``run_job`` without awaiting it, as the ingress does;
+- forced cancel: every active job is requeued with an ``interrupted`` event before the processes are killed,
+  so the history says when and why (a runner that later tries to finish finds the job moved and cleans up).
+
+Everything here needs a connected Ray driver (``ray.init(address=...)``) except ``apply_pool_snapshot``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from alloy.errors import AlloyError, ErrorCode
+from alloy.jobs import JobKind, JobRecord, JobStore
+
+logger = logging.getLogger("alloy.lifecycle")
+
+APP_NAME = "alloy"
+POOL_DEPLOYMENTS = ("MergeEngine", "EvaluationEngine", "EvolutionEngine")
+COMPONENTS = ("ModelRegistry", "DatasetRegistry", "ExperimentTracker", "ArtifactStore", *POOL_DEPLOYMENTS)
+ABBREVIATED_COMPONENTS = POOL_DEPLOYMENTS
+ENGINE_OF_KIND = {JobKind.MERGE: "MergeEngine", JobKind.EVALUATION: "EvaluationEngine",
+                  JobKind.EVOLUTION: "EvolutionEngine"}
+
+
+# --- pools ---------------------------------------------------------------------------------------------------
+
+def current_pools(app_name: str = APP_NAME, names: Iterable[str] = POOL_DEPLOYMENTS) -> dict[str, int]:
+    """RUNNING replicas per pool deployment of the application (absent deployments are left out)."""
+    from ray import serve
+
+    application = serve.status().applications.get(app_name)
+    if application is None:
+        return {}
+    wanted = set(names)
+    return {name: int(sum(count for state, count in overview.replica_states.items()
+                          if getattr(state, "value", state) == "RUNNING"))
+            for name, overview in application.deployments.items() if name in wanted}
+
+
+def apply_pool_snapshot(config, pools: dict[str, int], app_name: str = APP_NAME):
+    """A copy of a ``ServeDeploySchema`` whose pool deployments start with the snapshot's replica counts."""
+    if not pools:
+        return config
+    config = config.model_copy(deep=True)
+    for application in config.applications:
+        if application.name != app_name:
+            continue
+        for deployment in application.deployments or []:
+            count = pools.get(deployment.name)
+            if count is None:
+                continue
+            autoscaling = deployment.autoscaling_config  # a dict, an AutoscalingConfig, None or Serve's DEFAULT
+            if isinstance(autoscaling, dict) or hasattr(autoscaling, "model_dump"):
+                scaling = dict(autoscaling) if isinstance(autoscaling, dict) else autoscaling.model_dump()
+                low = int(scaling.get("min_replicas") or 0)
+                high = int(scaling.get("max_replicas") or max(count, 1))
+                scaling["initial_replicas"] = min(max(count, low), high)
+                deployment.autoscaling_config = scaling
+            else:
+                deployment.num_replicas = max(int(count), 1)  # a fixed deployment never runs with zero
+    return config
+
+
+# --- endpoint health -----------------------------------------------------------------------------------------
+
+def check_endpoints(base_url: str, *, app_name: str = APP_NAME, names: Iterable[str] = COMPONENTS,
+                    timeout_s: float = 30.0) -> str:
+    """Ask every deployed component's ``health`` and the HTTP proxy; raise SERVICE_UNAVAILABLE naming each
+    that did not answer."""
+    from ray import serve
+
+    from alloy.lifecycle import wait_http_ready
+
+    application = serve.status().applications.get(app_name)
+    deployed = set(application.deployments) if application else set()
+    failures: dict[str, str] = {}
+    answered = []
+    for name in names:
+        if name not in deployed:
+            continue
+        try:
+            serve.get_deployment_handle(name, app_name=app_name).health.remote().result(timeout_s=timeout_s)
+            answered.append(name)
+        except Exception as exc:  # noqa: BLE001 - collected and reported together
+            failures[name] = f"{type(exc).__name__}: {exc}"[:300]
+    try:
+        wait_http_ready(f"{base_url.rstrip('/')}/docs", timeout_s=timeout_s)
+        answered.append("HTTP proxy")
+    except AlloyError as exc:
+        failures["HTTP proxy"] = exc.message
+    if failures:
+        raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE,
+                         "health check failed: " + "; ".join(f"{k}: {v}" for k, v in failures.items()),
+                         {"failed": sorted(failures), "healthy": answered})
+    return f"{len(answered)} endpoints healthy"
+
+
+# --- replay and cancel ---------------------------------------------------------------------------------------
+
+def replay_dispatchers(app_name: str = APP_NAME) -> dict[JobKind, Callable[[JobRecord], Any]]:
+    """One dispatcher per job kind whose engine is deployed: ``run_job`` is called and not awaited (the job is
+    then an ongoing request of the engine, as after a normal submission). Kinds without an engine are absent,
+    so :meth:`alloy.recovery.Recovery.replay` fails their jobs with a reason."""
+    from ray import serve
+
+    application = serve.status().applications.get(app_name)
+    deployed = set(application.deployments) if application else set()
+    dispatchers: dict[JobKind, Callable[[JobRecord], Any]] = {}
+    for kind, engine in ENGINE_OF_KIND.items():
+        if engine in deployed:
+            handle = serve.get_deployment_handle(engine, app_name=app_name)
+            dispatchers[kind] = lambda job, handle=handle: handle.run_job.remote(job.id)
+    return dispatchers
+
+
+def requeue_active(jobs: JobStore, reason: str) -> str:
+    """Forced shutdown step 1: mark every active job interrupted (requeued to CREATED) before the processes go."""
+    requeued = []
+    for job in jobs.active():
+        try:
+            jobs.requeue(job.id, reason)
+            requeued.append(job.id)
+        except AlloyError:
+            continue  # it finished meanwhile
+    return f"{len(requeued)} active jobs requeued"
