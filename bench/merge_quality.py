@@ -77,14 +77,17 @@ class Scorer:
         self.seconds: dict[str, float] = {s: 0.0 for s in splits}
         self.evaluations = 0
 
-    def score(self, state: dict[str, torch.Tensor], only: list[str] | None = None) -> dict[str, dict[str, float]]:
+    def score(self, state: dict[str, torch.Tensor], only: list[str] | None = None,
+              splits: list[str] | None = None) -> dict[str, dict[str, float]]:
+        """Scores per split and dataset; ``only`` restricts the datasets, ``splits`` the splits."""
         out = {}
         for split, evaluator in self.evaluators.items():
+            if splits is not None and split not in splits:
+                continue
             started = time.perf_counter()
-            subset = None if only is None else {d: range(len(ds)) for d, ds in ((x.dataset_id, x) for x in evaluator.datasets) if d in only}
-            if subset is not None:
-                # datasets not asked for get an empty selection
-                subset = {d.dataset_id: (list(subset[d.dataset_id]) if d.dataset_id in subset else []) for d in evaluator.datasets}
+            subset = None
+            if only is not None:  # datasets not asked for get an empty selection
+                subset = {d.dataset_id: (list(range(len(d))) if d.dataset_id in only else []) for d in evaluator.datasets}
             scores = evaluator.score(state, subset)
             out[split] = {d: scores[d] for d in evaluator.dataset_ids if only is None or d in only}
             self.seconds[split] += time.perf_counter() - started
@@ -172,7 +175,8 @@ def run_family(manifest: PresetManifest, base: ModelEntry, args) -> dict:
                 subset = tunes[:k]
                 ids = [t.model_id for t in subset]
                 recipe = row.recipe.model_copy(update={"models": [m for m in row.recipe.models if m.model in ids]})
-                scores = scorer.score(merge_state_dicts(recipe, states), only=[t.task for t in subset])[eval_split]
+                scores = scorer.score(merge_state_dicts(recipe, states), only=[t.task for t in subset],
+                                      splits=[eval_split])[eval_split]
                 retention[row.name][k] = mean(scores[t.task] / own[t.task][eval_split][t.task] for t in subset)
             print(f"| {row.name} | " + " | ".join(f"{100 * retention[row.name][k]:.1f}%" for k in counts) + " |", flush=True)
 

@@ -116,3 +116,21 @@ def test_cli_evaluate_a_folder(tiny, data_dir):
                                            "--data-dir", str(data_dir), "--split", "dev"])
     assert result.exit_code == 0, result.output
     assert "tiny-ppl-words" in result.output and "perplexity" in result.output and "tiny-lm-kind" in result.output
+
+
+def test_merge_quality_bench_runs_on_tiny(tiny, data_dir, capsys):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "merge_quality.py"
+    spec = importlib.util.spec_from_file_location("merge_quality_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    assert bench.main(["--preset", "tiny", "--data-dir", str(data_dir), "--family", "tiny-enc-base",
+                       "--lambdas", "0.5", "--densities", "0.5", "--ties-lambdas", "1.0", "--dare-lambdas", "0.5"]) == 0
+    out = capsys.readouterr().out
+    for row in ("base (tiny-enc-base)", "each fine-tune on its own task", "uniform average", "task arithmetic λ=0.5",
+                "TIES keep 50% λ=1", "DARE drop 90% + TA λ=0.5"):
+        assert f"| {row} |" in out
