@@ -365,3 +365,164 @@ def drain_ray_node(node_id: str | None, reason: str, deadline_s: int | None) -> 
         node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"), reason, deadline_ms,
     )
     return node_id, bool(accepted), message or ""
+
+
+# --- `alloy start` / `alloy stop` / `alloy status` ---------------------------------------------------------
+
+STATE_FILE = "run/alloy-start.json"
+DEMO_KEY_FILE = "run/admin-key"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class LocalRun:
+    url: str
+    admin_key: str | None
+    head: RayHead
+    data_dir: Path
+    registered: dict[str, list[str]]
+
+
+def _ray_temp_dir(data_dir: Path) -> Path:
+    """A persistent Ray temp dir under the data dir, unless that path is too long for Ray's unix sockets."""
+    preferred = data_dir / "ray"
+    if len(str(preferred)) <= 60:
+        return preferred
+    import hashlib
+
+    return Path("/tmp") / f"alloy-ray-{hashlib.sha1(str(data_dir).encode()).hexdigest()[:10]}"
+
+
+def _demo_admin_key(db, settings, data_dir: Path) -> str | None:
+    """The admin key to print: a configured one is the operator's; else the bootstrap key (first start) or the
+    demo key saved (mode 0600) by an earlier start and still valid."""
+    from alloy.keys import ApiKeyStore
+
+    keys = ApiKeyStore(db)
+    key_file = data_dir / DEMO_KEY_FILE
+    fresh = keys.ensure_bootstrap_admin(settings.auth.admin_key)
+    if settings.auth.admin_key:
+        return None
+    if fresh is None and key_file.exists() and keys.verify(key_file.read_text().strip()) is not None:
+        return key_file.read_text().strip()
+    if fresh is None:
+        _, fresh = keys.create("alloy-start", ["admin"])
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    key_file.write_text(fresh)
+    key_file.chmod(0o600)
+    return fresh
+
+
+def build_and_register_demo_zoo(settings) -> dict[str, list[str]]:
+    """The demo zoo, built offline (tiny random models, seconds) and registered (idempotent)."""
+    from alloy.artifacts import ArtifactStore
+    from alloy.db import Database
+    from alloy.registry.datasets import DatasetRegistry
+    from alloy.registry.models import ModelRegistry
+    from alloy.zoo.presets import build_preset, register_preset
+
+    db = Database.from_settings(settings)
+    try:
+        store = ArtifactStore(settings.artifacts_uri, settings.storage_options)
+        models = ModelRegistry.from_settings(settings, db, store)
+        datasets = DatasetRegistry(db, store, roots=[Path(r) for r in settings.model_roots] + [settings.data_dir])
+        manifest = build_preset("tiny", settings.data_dir)
+        return register_preset(manifest, models, datasets, store=store)
+    finally:
+        db.close()
+
+
+def start_local(*, config_path: str | Path | None = None, demo: bool = True, serve_config: str | Path | None = None,
+                echo=print) -> LocalRun:
+    """Start a local Ray head and the app on embedded defaults; returns once /health answers."""
+    import json
+
+    import ray
+
+    from alloy.config import load_settings
+    from alloy.db import Database
+
+    if config_path:
+        os.environ["ALLOY_CONFIG"] = str(config_path)
+    settings = load_settings()
+    data_dir = Path(settings.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    settings = load_settings(data_dir=str(data_dir))
+
+    db = Database.from_settings(settings)
+    try:
+        db.upgrade()  # the embedded database is ours to create and migrate
+        admin_key = _demo_admin_key(db, settings, data_dir)
+    finally:
+        db.close()
+
+    echo("starting a local Ray head ...")
+    head = start_ray_head(_ray_temp_dir(data_dir), num_cpus=max(8, os.cpu_count() or 1))
+    try:
+        head.apply_env()
+        ray.init(address=head.address, namespace="alloy", log_to_driver=False)
+        echo("deploying the Serve app ...")
+        config = load_serve_config(
+            serve_config or PROJECT_ROOT / "configs" / "serve.yaml",
+            app_args={"config_path": str(config_path or os.environ.get("ALLOY_CONFIG") or
+                                         PROJECT_ROOT / "configs" / "alloy.yaml"),
+                      "settings": {"data_dir": str(data_dir)}},
+            http_port=head.http_port,
+        )
+        deploy_serve_config(config, timeout_s=600)
+        url = f"http://127.0.0.1:{head.http_port}"
+        wait_http_ready(f"{url}/docs", timeout_s=120)
+        registered: dict[str, list[str]] = {}
+        if demo:
+            echo("building and registering the demo zoo (offline, tiny models) ...")
+            registered = build_and_register_demo_zoo(settings)
+        state = {"pid": os.getpid(), "ray_pid": head.process.pid if head.process else None, "url": url,
+                 "address": head.address, "temp_dir": str(head.temp_dir), "data_dir": str(data_dir),
+                 "env": head.env}
+        state_file = data_dir / STATE_FILE
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(json.dumps(state))
+        state_file.chmod(0o600)
+        return LocalRun(url=url, admin_key=admin_key, head=head, data_dir=data_dir, registered=registered)
+    except BaseException:
+        stop_local_head(head)
+        raise
+
+
+def stop_local_head(head: RayHead, *, data_dir: Path | None = None, drain_s: float = 60.0) -> None:
+    """Shut the app down (Serve drains replicas, the tracker flushes on its way out), then stop the head."""
+    import ray
+
+    try:
+        if ray.is_initialized():
+            from ray import serve
+
+            serve.shutdown()
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - the head is stopped below regardless
+        pass
+    finally:
+        stop_ray_head(head)
+        if data_dir is not None:
+            (data_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def read_local_state(data_dir: Path) -> dict[str, Any] | None:
+    import json
+
+    state_file = Path(data_dir) / STATE_FILE
+    if not state_file.exists():
+        return None
+    return json.loads(state_file.read_text())
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

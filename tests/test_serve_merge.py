@@ -15,16 +15,6 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="session")
-def served_models(alloy_service, tiny_family, tiny_model_factory):
-    base, tunes = tiny_family
-    ids = {"base": base, "tune1": tunes[0], "tune2": tunes[1], "tune3": tunes[2],
-           "gpt": tiny_model_factory("gpt2", seed=7)}
-    for model_id, path in ids.items():
-        alloy_service.register_model(model_id, path)
-    return ids
-
-
-@pytest.fixture(scope="session")
 def big_models(alloy_service, tiny_model_factory):
     """Big enough (~70 MB each) that a merge takes seconds, so things can happen while it runs."""
     size = {"layers": 8, "hidden": 384, "vocab": 8192}
