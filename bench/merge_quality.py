@@ -188,6 +188,82 @@ def run_family(manifest: PresetManifest, base: ModelEntry, args) -> dict:
             "chosen": {f: r.name for f, r in chosen.items()}, "retention": retention, "timing": timing}
 
 
+def perplexity_rows(base: ModelEntry, tunes: list[ModelEntry], num_layers: int) -> list[Row]:
+    """Merges that make sense for one causal LM and its (possibly zero) domain fine-tunes."""
+    ids = [t.model_id for t in tunes]
+    rows = []
+    if len(ids) >= 2:
+        rows.append(Row("uniform average", "average", MergeRecipe(strategy="linear", models=[{"model": m} for m in ids])))
+        for lam in (0.5, 1.0):
+            rows.append(Row(f"task arithmetic λ={lam:g}", "task_arithmetic", MergeRecipe(
+                strategy="task_arithmetic", base_model=base.model_id, models=[{"model": m} for m in ids], parameters={"lambda": lam})))
+        rows.append(Row("TIES keep 50% λ=1", "ties", MergeRecipe(
+            strategy="ties", base_model=base.model_id, models=[{"model": m, "parameters": {"density": 0.5}} for m in ids],
+            parameters={"lambda": 1.0})))
+        rows.append(Row(f"slerp t=0.5 ({ids[0]}, {ids[1]})", "slerp", MergeRecipe(
+            strategy="slerp", base_model=ids[0], models=[{"model": ids[0]}, {"model": ids[1]}], parameters={"t": 0.5})))
+    for model_id in ids:
+        rows.append(Row(f"slerp t=0.5 (base, {model_id})", "slerp", MergeRecipe(
+            strategy="slerp", base_model=base.model_id, models=[{"model": base.model_id}, {"model": model_id}], parameters={"t": 0.5})))
+    two_thirds, third = (2 * num_layers) // 3, num_layers // 3
+    rows.append(Row(f"franken base[0:{two_thirds}] + base[{third}:{num_layers}]", "franken", MergeRecipe(
+        strategy="franken_merge", slices=[{"model": base.model_id, "layer_range": [0, two_thirds]},
+                                          {"model": base.model_id, "layer_range": [third, num_layers]}])))
+    return rows
+
+
+def run_perplexity_family(manifest: PresetManifest, base: ModelEntry, args) -> dict:
+    """Perplexity (lower is better) of the base, its fine-tunes, merges of them, and a franken self-stack."""
+    import tempfile
+
+    from alloy.evaluation.loading import load_model
+    from alloy.merge.executor import execute_merge
+
+    tunes = manifest.finetunes(base.model_id)
+    datasets = [d.dataset_id for d in manifest.datasets if d.task.get("type") == "perplexity"]
+    short = {d: d.rsplit("-", 1)[-1] for d in datasets}
+    print(f"\n## {manifest.preset}: base {base.model_id}, {len(tunes)} fine-tunes, perplexity on {args.split}\n", flush=True)
+    started = time.perf_counter()
+    states = {base.model_id: load_state_dict(base)}
+    states.update({t.model_id: load_state_dict(t) for t in tunes})
+    scorer = Scorer(manifest, base, datasets, args.splits, args.batch_size)
+    num_layers = scorer.evaluators[args.splits[0]].loaded.model.config.num_hidden_layers
+    print(f"(loaded {len(states)} models, prepared {len(datasets)} datasets in {time.perf_counter() - started:.1f}s)", flush=True)
+    rows = [Row(f"base ({base.model_id})", "base", model_id=base.model_id)]
+    rows += [Row(f"fine-tune {t.model_id}", "fine-tune", model_id=t.model_id) for t in tunes]
+    rows += perplexity_rows(base, tunes, num_layers)
+    merge_seconds = 0.0
+    sources = {base.model_id: base.path, **{t.model_id: t.path for t in tunes}}
+    for row in rows:
+        t0 = time.perf_counter()
+        if row.recipe is None:
+            row.scores = scorer.score(states[row.model_id])
+        elif row.family == "franken":  # a different layer count: merge to a folder, score with its own skeleton
+            with tempfile.TemporaryDirectory(prefix="alloy-franken-") as scratch:
+                execute_merge(row.recipe, sources, Path(scratch) / "out")
+                merge_seconds += time.perf_counter() - t0
+                source = LocalDatasets(manifest.datasets)
+                row.scores = {}
+                for split in args.splits:
+                    e0 = time.perf_counter()
+                    row.scores[split] = {k: v for k, v in CandidateEvaluator(
+                        Path(scratch) / "out", source, datasets, split, batch_size=args.batch_size).score_loaded().items()
+                        if k in datasets}
+                    scorer.seconds[split] += time.perf_counter() - e0
+        else:
+            state = merge_state_dicts(row.recipe, states)
+            merge_seconds += time.perf_counter() - t0
+            row.scores = scorer.score(state)
+        print(f"  scored {row.name}: " + ", ".join(f"{s} {mean(v.values()):.2f}" for s, v in row.scores.items()), flush=True)
+    print()
+    print_table(rows, datasets, args.splits, False, short)
+    timing = {"setup_s": round(scorer.setup_seconds, 1), "merge_s": round(merge_seconds, 1),
+              "eval_s": {s: round(v, 1) for s, v in scorer.seconds.items()}, "models_scored": len(rows)}
+    print(f"\nTimes: {json.dumps(timing)}", flush=True)
+    return {"base": base.model_id, "rows": [{"name": r.name, "family": r.family, "scores": r.scores} for r in rows],
+            "timing": timing}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="encoder-5task")
@@ -217,10 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     for base in bases:
         tunes = manifest.finetunes(base.model_id)
         kinds = {manifest.dataset(t.task).task.get("type") for t in tunes if t.task}
-        if len(tunes) < 2 or kinds != {"classification"}:
-            print(f"\n(skipping {base.model_id}: the table needs >= 2 fine-tunes scored by accuracy)")
-            continue
-        results.append(run_family(manifest, base, args))
+        if kinds <= {"perplexity"} and any(d.task.get("type") == "perplexity" for d in manifest.datasets):
+            results.append(run_perplexity_family(manifest, base, args))
+        elif len(tunes) >= 2 and kinds == {"classification"}:
+            results.append(run_family(manifest, base, args))
+        else:
+            print(f"\n(skipping {base.model_id}: needs >= 2 fine-tunes scored by accuracy, or perplexity sets)")
     print(f"\nTotal bench time {time.perf_counter() - started:.1f}s")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
