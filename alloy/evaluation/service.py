@@ -166,16 +166,6 @@ class EvaluationService:
             log.exception("evaluation job %s crashed", job_id)
             return self._fail(job_id, ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
 
-    def evaluate_after_merge(self, job_id: str, model_id: str, dataset_ids: Sequence[str], split: str = "test",
-                             batch_size: int | None = None) -> dict[str, Any]:
-        """For a merge job in EVALUATING: score the merged model, report progress on that job, return the summary
-        (the merge engine puts it in its result and completes the job)."""
-        started = time.perf_counter()
-        experiment_id = self._new_experiment(model_id, dataset_ids, split, job_id)
-        results = self.evaluate_model(model_id, dataset_ids, split, batch_size, experiment_id,
-                                      lambda p: self.jobs.update_progress(job_id, evaluation=p))
-        return result_summary(results, experiment_id, time.perf_counter() - started)
-
     def _fail(self, job_id: str, code: ErrorCode, message: str):
         job = self.jobs.get(job_id)
         return job if job.state.terminal else self.jobs.fail(job_id, code, message)
