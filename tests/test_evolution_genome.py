@@ -1,0 +1,88 @@
+"""The genome: bounded genes, decoding to recipes Alloy accepts, perturbation inside the bounds."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from alloy.merge.recipe import validate_recipe
+from evolution.genome import FrankenGenome, GenomeSpace
+
+
+def ties_space(**overrides) -> GenomeSpace:
+    fields = dict(strategy="ties", models=["org/a", "b"], base_model="org/base",
+                  per_model={"weight": [0.0, 1.0, 0.5], "density": [0.1, 1.0]},
+                  global_parameters={"lambda": [0.1, 2.0, 1.0]}, fixed={"normalize": True})
+    fields.update(overrides)
+    return GenomeSpace(**fields)
+
+
+def test_genes_are_named_without_slashes_even_for_org_model_ids():
+    names = [gene.name for gene in ties_space(layer_groups=3).genes()]
+    assert len(names) == (2 * 2 + 1) * 3
+    assert not any("/" in name for name in names)
+
+
+def test_every_decoded_genome_is_a_valid_recipe():
+    space = ties_space(layer_groups=2)
+    rng = random.Random(1)
+    for genome in [space.initial(), *space.population(5, seed=3)]:
+        recipe = validate_recipe(space.decode(genome))
+        assert [m.model for m in recipe.models] == ["org/a", "b"]
+        assert recipe.base_model == "org/base"
+        assert len(recipe.models[0].parameters["density"]) == 2  # a gradient over two layer groups
+        assert recipe.parameters["normalize"] is True
+        genome = space.perturb(genome, rng, sigma=0.5)
+
+
+def test_perturb_stays_inside_bounds_and_changes_something():
+    space = ties_space()
+    rng = random.Random(0)
+    genome = space.initial()
+    for _ in range(200):
+        child = space.perturb(genome, rng, sigma=1.0, resample_probability=0.2)
+        for gene in space.genes():
+            assert gene.bounds.low <= child[gene.name] <= gene.bounds.high
+        assert child != genome
+        genome = child
+
+
+def test_population_is_reproducible_and_starts_from_the_seed_individual():
+    space = ties_space()
+    assert space.population(4, seed=7) == space.population(4, seed=7)
+    assert space.population(4, seed=7)[0] == space.initial()
+    assert space.initial()["lambda"] == 1.0
+
+
+@pytest.mark.parametrize("bad", [
+    {"strategy": "ties", "per_model": {"lambda": [0, 1]}},  # global parameter searched per model
+    {"strategy": "ties", "per_model": {"density": [0, 2]}},  # outside its legal range
+    {"strategy": "ties", "per_model": {"bogus": [0, 1]}},
+    {"strategy": "nonsense"},
+    {"strategy": "ties", "per_model": {"weight": [1, 0]}},  # low above high
+])
+def test_spaces_that_could_decode_to_refused_recipes_are_rejected(bad):
+    with pytest.raises((ValidationError, ValueError)):
+        ties_space(**bad)
+
+
+def test_validate_genome_refuses_foreign_genes_and_clips_strays():
+    space = ties_space()
+    genome = space.initial()
+    with pytest.raises(ValueError):
+        space.validate_genome({**genome, "extra": 1.0})
+    assert space.validate_genome({**genome, "lambda": 99.0})["lambda"] == 2.0
+
+
+def test_franken_layer_order_genome_decodes_to_slices():
+    space = GenomeSpace(strategy="franken_merge", models=["a", "b"],
+                        franken=FrankenGenome(slots=3, num_layers=4, max_slice=2))
+    rng = random.Random(5)
+    for genome in [space.initial(), *(space.sample(rng) for _ in range(20))]:
+        recipe = validate_recipe(space.decode(genome))
+        assert recipe.slices
+        for piece in recipe.slices:
+            start, end = piece.layer_range
+            assert 0 <= start < end <= 4 and end - start <= 2
