@@ -1,0 +1,72 @@
+"""EvolutionEngine deployment: a thin Ray Serve shell over :class:`evolution.engine.EvolutionService`.
+
+``run_job`` is called by the ingress without awaiting: the evolution is an ongoing request of this replica (so
+autoscaling counts it and a graceful shutdown drains it). The blocking search runs in a worker thread, so
+``health`` stays answerable. The Tune driver runs inside the replica; trials are Ray actors on the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+from ray import serve
+
+from deployments.runtime import open_services
+
+logger = logging.getLogger("alloy.evolution_engine")
+
+EVOLUTIONS_PER_REPLICA = 1  # a search already fans out over the cluster
+
+
+@serve.deployment(name="EvolutionEngine", max_ongoing_requests=EVOLUTIONS_PER_REPLICA + 4,
+                  graceful_shutdown_timeout_s=300, graceful_shutdown_wait_loop_s=2,
+                  ray_actor_options={"num_cpus": 0.25})
+class EvolutionEngine:
+    def __init__(self, args: dict[str, Any]):
+        from evolution.engine import EvolutionService
+
+        self.args, self.services = open_services(args)
+        s = self.services
+        self.service = EvolutionService(s.settings, db=s.db, jobs=s.jobs, tracker=s.tracker, models=s.models,
+                                        datasets=s.datasets, store=s.store)
+        self._slots = threading.BoundedSemaphore(EVOLUTIONS_PER_REPLICA)
+        self.running: set[str] = set()
+
+    async def run_job(self, job_id: str) -> dict[str, Any]:
+        work = asyncio.ensure_future(asyncio.to_thread(self._run_in_slot, job_id))
+        while True:
+            try:
+                await asyncio.shield(work)
+                record = self.service.jobs.get(job_id)
+                return {"job_id": job_id, "state": record.state.value}
+            except asyncio.CancelledError:
+                if work.done():
+                    raise
+                logger.info("caller of evolution %s went away; the evolution continues", job_id)
+
+    def _run_in_slot(self, job_id: str) -> dict[str, Any]:
+        with self._slots:
+            self.running.add(job_id)
+            try:
+                return self.service.run_job(job_id)
+            finally:
+                self.running.discard(job_id)
+                self.service.tracker.flush()
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self.service.cancel(job_id).model_dump(mode="json")
+
+    def trials(self, job_id: str) -> list[dict[str, Any]]:
+        return self.service.trials(job_id)
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "healthy", "running_jobs": sorted(self.running)}
+
+    def __del__(self):
+        try:
+            self.service.tracker.flush()
+        except Exception:  # noqa: BLE001 - best effort on shutdown
+            pass

@@ -1,0 +1,111 @@
+"""HTTP routes of evolutions: start (rate-limited as a job), progress, candidates, cancel.
+
+The ingress validates the request, creates the job (CREATED) and hands it to the EvolutionEngine deployment
+without awaiting it; the engine writes state and progress to the JobStore, which these GETs read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from alloy.errors import not_found
+from alloy.jobs import JobKind, JobRecord
+from evolution.config import EvolutionSpec
+from serve_app.context import api_context
+from serve_app.schemas import JobAccepted
+from serve_app.security import require_scope
+
+router = APIRouter(tags=["evolutions"])
+
+
+def _owner(request: Request) -> str | None:
+    return getattr(getattr(request.state, "principal", None), "owner", None)
+
+
+def _evolution(request: Request, job_id: str) -> JobRecord:
+    job = api_context(request).services.jobs.get(job_id)
+    if job.kind is not JobKind.EVOLUTION:
+        raise not_found("evolution", job_id)
+    return job
+
+
+def _progress_url(request: Request, job_id: str) -> str:
+    return f"{api_context(request).base_url(request)}/evolutions/{job_id}"
+
+
+def _view(request: Request, job: JobRecord) -> dict[str, Any]:
+    progress = job.progress or {}
+    return {
+        "job_id": job.id,
+        "state": job.state.value,
+        "progress_url": _progress_url(request, job.id),
+        "generation": progress.get("generation", 0),
+        "generations": progress.get("generations", job.request.get("search", {}).get("generations")),
+        "population": progress.get("population", job.request.get("search", {}).get("population")),
+        "best_fitness": progress.get("best_fitness"),
+        "median_fitness": progress.get("median_fitness"),
+        "trials": progress.get("trials", 0),
+        "percent": progress.get("percent", 0.0),
+        "cancel_requested": bool(progress.get("cancel_requested", False)),
+        "trials_url": f"{_progress_url(request, job.id)}/trials",
+        "result": job.result,
+        "error": job.error.model_dump() if job.error else None,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+    }
+
+
+@router.post("/evolutions", status_code=202, response_model=JobAccepted,
+             dependencies=[Depends(require_scope("write"))], summary="Start an evolution job")
+async def create_evolution(body: EvolutionSpec, request: Request, response: Response) -> JobAccepted:
+    ctx = api_context(request)
+    ctx.require_gpu_capacity()
+    engine = ctx.handle("EvolutionEngine")
+    if body.models or body.base_model:  # explicit parents must exist before a job is accepted
+        registry = ctx.handle("ModelRegistry")
+        await asyncio.gather(*(registry.get.remote(m) for m in [*(body.models or []), *([body.base_model] if body.base_model else [])]))
+    job = await asyncio.to_thread(ctx.services.jobs.create, JobKind.EVOLUTION, body.model_dump(mode="json"),
+                                  _owner(request))
+    engine.run_job.remote(job.id)  # fire and forget: the engine replica owns the job from here on
+    url = _progress_url(request, job.id)
+    response.headers["Location"] = url
+    return JobAccepted(job_id=job.id, progress_url=url)
+
+
+@router.get("/evolutions/{job_id}", dependencies=[Depends(require_scope("read"))],
+            summary="Progress of an evolution: generation, best and median fitness, trials")
+def get_evolution(job_id: str, request: Request) -> dict[str, Any]:
+    return _view(request, _evolution(request, job_id))
+
+
+@router.get("/evolutions/{job_id}/trials", dependencies=[Depends(require_scope("read"))],
+            summary="Every evaluated candidate: genome, recipe, metrics, parent trial")
+def evolution_trials(job_id: str, request: Request, generation: int | None = None) -> dict[str, Any]:
+    from alloy.tracker import ExperimentTracker
+    from evolution.engine import EvolutionService
+
+    job = _evolution(request, job_id)
+    services = api_context(request).services
+    reader = EvolutionService(services.settings, db=services.db, jobs=services.jobs,
+                              tracker=ExperimentTracker(services.db), models=None)
+    trials = reader.trials(job.id, generation)
+    return {"job_id": job.id, "state": job.state.value, "count": len(trials), "trials": trials}
+
+
+@router.post("/evolutions/{job_id}/cancel", status_code=202, dependencies=[Depends(require_scope("write"))],
+             summary="Stop a running evolution (it ends FAILED with code CANCELLED)")
+async def cancel_evolution(job_id: str, request: Request) -> dict[str, Any]:
+    from alloy.tracker import ExperimentTracker
+    from evolution.engine import EvolutionService
+
+    _evolution(request, job_id)
+    services = api_context(request).services
+    # The request is recorded in the JobStore; the process running the search (a Serve replica or a
+    # `ray job submit` driver) sees it within seconds and stops Tune.
+    canceller = EvolutionService(services.settings, db=services.db, jobs=services.jobs,
+                                 tracker=ExperimentTracker(services.db), models=None)
+    job = await asyncio.to_thread(canceller.cancel, job_id)
+    return _view(request, job)
