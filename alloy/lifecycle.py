@@ -505,6 +505,18 @@ def stop_local_head(head: RayHead, *, data_dir: Path | None = None, drain_s: flo
         stop_ray_head(head)
         if data_dir is not None:
             (data_dir / STATE_FILE).unlink(missing_ok=True)
+            _mark_stopped(data_dir)
+
+
+def _mark_stopped(data_dir: Path) -> None:
+    from alloy.config import load_settings
+    from alloy.db import Database
+
+    db = Database.from_settings(load_settings(data_dir=str(data_dir)))
+    try:
+        write_cluster_state(db, state=STOPPED)
+    finally:
+        db.close()
 
 
 def read_local_state(data_dir: Path) -> dict[str, Any] | None:
