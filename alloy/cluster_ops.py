@@ -123,8 +123,36 @@ def replay_dispatchers(app_name: str = APP_NAME) -> dict[JobKind, Callable[[JobR
     return dispatchers
 
 
+def kill_engine_replicas(app_name: str = APP_NAME, engines: Iterable[str] = POOL_DEPLOYMENTS) -> list[str]:
+    """SIGKILL the engines' replica actors at once (``ray.kill``, no restart, no shutdown hook): the tasks they
+    run stop mid-step, so nothing can write to their jobs afterwards."""
+    import ray
+
+    prefixes = tuple(f"SERVE_REPLICA::{app_name}#{engine}#" for engine in engines)
+    killed = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        name, namespace = actor["name"], actor["namespace"]
+        if not name.startswith(prefixes):
+            continue
+        try:
+            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+            killed.append(name)
+        except ValueError:
+            continue  # already gone
+    return killed
+
+
+def cancel_active_tasks(jobs: JobStore, reason: str = "interrupted: forced shutdown",
+                        app_name: str = APP_NAME) -> str:
+    """Forced shutdown step 1: kill the engine replicas, *then* record every active job as interrupted. In this
+    order no runner can finish (or fail) a job after it was requeued: its process is already gone."""
+    killed = kill_engine_replicas(app_name)
+    return f"{len(killed)} engine replicas killed; {requeue_active(jobs, reason)}"
+
+
 def requeue_active(jobs: JobStore, reason: str) -> str:
-    """Forced shutdown step 1: mark every active job interrupted (requeued to CREATED) before the processes go."""
+    """Mark every active job interrupted (requeued to CREATED). Only safe once nothing runs them any more
+    (after :func:`kill_engine_replicas`, or at start before the pools exist)."""
     requeued = []
     for job in jobs.active():
         try:

@@ -135,6 +135,62 @@ def start(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def stop(spec: dict[str, Any]) -> dict[str, Any]:
+    """Start a head, deploy, dispatch the merge, wait until it RUNS, then run ``alloy stop``'s shutdown with
+    ``spec["timeout_s"]``: the graceful wait either sees the merge finish or escalates to forced."""
+    import ray
+    from ray import serve
+
+    from alloy import cluster_ops
+    from alloy.cluster_state import ClusterStateStore
+    from alloy.db import Database
+    from alloy.jobs import JobStore
+    from alloy.lifecycle import stop_ray_head
+    from alloy.shutdown import Shutdown, ShutdownActions
+
+    head = _start_head(spec)
+    result: dict[str, Any] = {}
+    try:
+        _deploy(spec, head)
+        db = Database(_settings(spec).database_url)
+        jobs, state = JobStore(db), ClusterStateStore(db)
+        state.begin_start("cold")
+        state.mark_ready()
+        serve.get_deployment_handle("MergeEngine", app_name="alloy").run_job.remote(spec["job_id"])
+        result["seen"] = _wait_state(jobs, spec["job_id"], {"RUNNING", *TERMINAL}, timeout_s=240)
+        terminated: dict[str, Any] = {}
+
+        def flush() -> str:
+            lsn = serve.get_deployment_handle("ExperimentTracker", app_name="alloy").flush.remote().result(
+                timeout_s=30)
+            return f"lsn {lsn}"
+
+        def terminate() -> str:
+            state.save_pool_snapshot(cluster_ops.current_pools())
+            terminated["job_state_at_terminate"] = jobs.get(spec["job_id"]).state.value
+            serve.shutdown()
+            ray.shutdown()
+            stop_ray_head(head)
+            terminated["done"] = True
+            return "serve shut down, ray head stopped"
+
+        actions = ShutdownActions(
+            cancel_active=lambda: cluster_ops.cancel_active_tasks(jobs),
+            flush_tracker=flush, close_registries=lambda: (db.close(), "database closed")[1],
+            terminate_pools=terminate)
+        report = Shutdown(state, jobs, actions, timeout_s=spec["timeout_s"], poll_s=0.2).graceful()
+        result.update(report=report.model_dump(mode="json"), **terminated,
+                      final_job_state=jobs.get(spec["job_id"]).state.value, cluster=state.state().value)
+    finally:
+        Path(spec["result_path"]).write_text(json.dumps(result))
+        if not result.get("done"):
+            try:
+                ray.shutdown()
+            finally:
+                stop_ray_head(head)
+    return result
+
+
 if __name__ == "__main__":
     phase, spec_path = sys.argv[1], sys.argv[2]
-    {"submit": submit, "start": start}[phase](json.loads(Path(spec_path).read_text()))
+    {"submit": submit, "start": start, "stop": stop}[phase](json.loads(Path(spec_path).read_text()))

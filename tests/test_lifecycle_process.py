@@ -124,3 +124,38 @@ def test_kill_9_of_the_whole_cluster_during_a_merge_then_restart_completes_it(cl
                       scratch_dirs=[Path(spec["settings"]["data_dir"]) / "work" / "merges"]).check()
     assert report.consistent, report.summary()
     print("start steps (s):", {s["name"]: s["duration_s"] for s in restarted["start"]["steps"]})
+
+
+def test_graceful_stop_waits_for_the_active_merge_and_finishes_it(cluster_spec):
+    spec = {k: cluster_spec[k] for k in ("settings", "job_id", "ray_temp_dir")}
+    result = _drive("stop", {**spec, "timeout_s": 300, "result_path": str(cluster_spec["tmp"] / "stop.json")},
+                    timeout_s=420)
+    assert result["seen"] == "RUNNING"
+    report = result["report"]
+    assert report["run"]["mode"] == "graceful" and report["run"]["ok"] and not report["escalated"]
+    assert report["waited_for"] == [spec["job_id"]]
+    assert result["job_state_at_terminate"] == "COMPLETED"  # the pools went only after the merge finished
+    assert result["cluster"] == "STOPPED"
+    assert cluster_spec["models"].get("big-merged").lineage["job_id"] == spec["job_id"]
+    print("graceful stop steps (s):", {s["name"]: s["duration_s"] for s in report["run"]["steps"]})
+
+
+def test_stop_with_a_1s_timeout_forces_and_the_job_is_replayable(cluster_spec):
+    spec = {k: cluster_spec[k] for k in ("settings", "job_id", "ray_temp_dir")}
+    result = _drive("stop", {**spec, "timeout_s": 1, "result_path": str(cluster_spec["tmp"] / "stop.json")},
+                    timeout_s=420)
+    assert result["seen"] == "RUNNING"
+    report = result["report"]
+    assert report["escalated"] and report["run"]["mode"] == "graceful->forced" and not report["run"]["ok"]
+    assert report["unfinished"] == [spec["job_id"]] or result["final_job_state"] == "CREATED"
+    assert [s["name"] for s in report["run"]["steps"]][:3] == [
+        "reject submissions", "wait for active merges and evaluations", "cancel active tasks"]
+    assert result["cluster"] == "STOPPED"
+    jobs = JobStore(cluster_spec["db"])
+    job = jobs.get(spec["job_id"])
+    assert job.state is JobState.CREATED and jobs.events(job.id)[-1].event == "interrupted"
+    assert not cluster_spec["models"].exists("big-merged")  # no partial model registered
+    report = Recovery(cluster_spec["db"], cluster_spec["store"], models=cluster_spec["models"],
+                      scratch_dirs=[Path(spec["settings"]["data_dir"]) / "work" / "merges"]).check()
+    assert not report.orphan_artifacts and not report.broken_records and report.staging_leftovers == 0
+    print("forced stop steps (s):", {s["name"]: s["duration_s"] for s in result["report"]["run"]["steps"]})
