@@ -11,8 +11,8 @@ def test_health_reports_every_component_and_cluster_state(alloy_service):
     response = alloy_service.client("read").get("/health")
     assert response.status_code == 200, response.text
     body = response.json()
-    for name in ("ModelRegistry", "DatasetRegistry", "MergeEngine", "ExperimentTracker", "ArtifactStore",
-                 "Database"):
+    for name in ("ModelRegistry", "DatasetRegistry", "MergeEngine", "EvaluationEngine", "EvolutionEngine",
+                 "ExperimentTracker", "ArtifactStore", "Database"):
         assert body["components"][name]["status"] == "healthy", (name, body["components"][name])
     assert body["cluster_state"] == "READY"
     assert body["config_version"] >= 1
