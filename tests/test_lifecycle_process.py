@@ -9,7 +9,7 @@ these clusters.
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,10 +78,17 @@ def cluster_spec(tmp_path, tiny_model_factory):
     models.register("big-b", tune)
     job = JobStore(db).create("merge", {"models": ["big-a", "big-b"], "strategy": "slerp",
                                         "parameters": {"t": 0.5}, "output_model_id": "big-merged"})
-    ray_temp = tempfile.mkdtemp(prefix="alk", dir="/tmp")  # short: Ray's socket paths are length-limited
-    yield {"settings": settings, "job_id": job.id, "ray_temp_dir": ray_temp, "db": db, "store": store,
-           "models": models, "tmp": tmp_path}
+    temp_dirs: list[str] = []
+
+    def ray_temp() -> str:  # short: Ray's socket paths are length-limited
+        temp_dirs.append(tempfile.mkdtemp(prefix="alk", dir="/tmp"))
+        return temp_dirs[-1]
+
+    yield {"settings": settings, "job_id": job.id, "ray_temp_dir": ray_temp(), "new_ray_temp_dir": ray_temp,
+           "db": db, "store": store, "models": models, "tmp": tmp_path}
     db.close()
+    for folder in temp_dirs:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_kill_9_of_the_whole_cluster_during_a_merge_then_restart_completes_it(cluster_spec):
@@ -102,7 +109,7 @@ def test_kill_9_of_the_whole_cluster_during_a_merge_then_restart_completes_it(cl
     assert jobs.get(spec["job_id"]).state is JobState.RUNNING  # nobody could record anything
     assert not cluster_spec["models"].exists("big-merged")
 
-    restarted = _drive("start", {**spec, "ray_temp_dir": tempfile.mkdtemp(prefix="alk", dir="/tmp"),
+    restarted = _drive("start", {**spec, "ray_temp_dir": cluster_spec["new_ray_temp_dir"](),
                                  "result_path": str(tmp / "start.json")}, timeout_s=420)
 
     steps = [(s["name"], s["status"]) for s in restarted["start"]["steps"]]
