@@ -189,3 +189,37 @@ def test_a_failed_merge_leaves_nothing_registered(alloy_service, served_models, 
     work = alloy_service.data_dir / "work" / "merges"
     assert not work.exists() or not any(p.name.startswith(job["job_id"]) for p in work.iterdir())
     shutil.rmtree(stored, ignore_errors=True)
+
+
+def test_a_merge_engine_replica_killed_mid_merge_is_recorded_interrupted_and_replayed(alloy_service, big_models):
+    """No replica goes away under a running merge silently: the lost job is requeued with an ``interrupted``
+    event by a live replica's sweeper (stale heartbeat, 30 s in the test app) and replayed to COMPLETED."""
+    import ray
+
+    from alloy.db import Database
+    from alloy.jobs import JobStore
+
+    body = {"models": big_models, "strategy": "ties", "base_model": "bigbase", "parameters": {"density": 0.5},
+            "output_model_id": "phoenix"}
+    accepted = alloy_service.client("write").post("/merge/execute", json=body)
+    assert accepted.status_code == 202, accepted.text
+    job_id = accepted.json()["job_id"]
+
+    deadline = time.monotonic() + 60
+    while _job_state(alloy_service, job_id) not in ("PREPARING", "RUNNING") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _job_state(alloy_service, job_id) in ("PREPARING", "RUNNING")
+    ray.kill(_replica_actor("MergeEngine"), no_restart=True)
+
+    job = alloy_service.wait_job(accepted.json()["progress_url"], timeout_s=400)
+    assert job["state"] == "COMPLETED", job
+    assert job["attempts"] >= 1
+    db = Database(alloy_service.database_url)
+    try:
+        events = JobStore(db).events(job_id)
+    finally:
+        db.close()
+    interrupted = [e for e in events if e.event == "interrupted"]
+    assert interrupted and "owner lost" in interrupted[0].reason
+    assert "replayed" in [e.event for e in events]
+    assert alloy_service.client("read").get("/models/phoenix").status_code == 200
