@@ -46,6 +46,21 @@ def stable_sum(x: torch.Tensor) -> torch.Tensor:
     return _chunked([x.reshape(-1)], lambda a: a)
 
 
+def stable_gram(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
+    """``(a·a, b·b, a·b)`` in one pass over the data (each chunk converted to float64 once)."""
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    partials: list[list[torch.Tensor]] = [[], [], []]
+    for start in range(0, flat_a.numel(), CHUNK):
+        x = flat_a[start : start + CHUNK].to(torch.float64)
+        y = flat_b[start : start + CHUNK].to(torch.float64)
+        for bucket, product in zip(partials, (x * x, y * y, x * y)):
+            bucket.append(_row_sums(product))
+    if not partials[0]:
+        return 0.0, 0.0, 0.0
+    aa, bb, ab = (float(_fixed_order_total(torch.cat(bucket))) for bucket in partials)
+    return aa, bb, ab
+
+
 def stable_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Dot product of two same-sized tensors (flattened) in float64, thread-count independent."""
     return _chunked([a.reshape(-1), b.reshape(-1)], lambda x, y: x * y)

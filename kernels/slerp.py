@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from kernels.reductions import stable_dot
+from kernels.reductions import stable_gram
 
 DOT_THRESHOLD = 0.9995  # above this |cos|, the vectors are (anti-)parallel and slerp degenerates to lerp
 EPS = 1e-8
@@ -14,12 +14,13 @@ EPS = 1e-8
 
 def slerp_coefficients(v0: torch.Tensor, v1: torch.Tensor, t: float) -> tuple[float, float]:
     """``(c0, c1)`` with ``slerp(v0, v1, t) = c0 * v0 + c1 * v1``."""
-    norm0 = math.sqrt(float(stable_dot(v0, v0)))
-    norm1 = math.sqrt(float(stable_dot(v1, v1)))
+    squared0, squared1, cross = stable_gram(v0, v1)
+    norm0 = math.sqrt(squared0)
+    norm1 = math.sqrt(squared1)
     # Normalising by a (near-)zero norm would blow up; such a vector is used as is (mergekit's rule).
     norm0 = norm0 if norm0 > EPS else 1.0
     norm1 = norm1 if norm1 > EPS else 1.0
-    dot = float(stable_dot(v0, v1)) / (norm0 * norm1)
+    dot = cross / (norm0 * norm1)
     dot = min(1.0, max(-1.0, dot))
     if abs(dot) > DOT_THRESHOLD:
         return 1.0 - t, t

@@ -47,7 +47,7 @@ class TensorTask:
     dtype: torch.dtype  # output dtype
     depth: float  # t in [0, 1] for gradient parameters
     compute: bool  # False: the first source is copied (franken slices, integer buffers)
-    input_bytes: int  # bytes of the inputs once in float32: what the scheduler budgets
+    input_bytes: int  # float32 bytes of the inputs and result: what the scheduler budgets
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ def _merge_tasks(model_ids, base_index, layouts, output_dtype) -> tuple[TensorTa
             dtype=(output_dtype or meta.dtype) if floating else meta.dtype,
             depth=depth_of(name, num_layers),
             compute=floating,
-            input_bytes=meta.numel * 4 * (len(model_ids) if floating else 1),
+            # inputs plus the float32 result: what a kernel holds at least
+            input_bytes=meta.numel * 4 * (len(model_ids) + 1 if floating else 1),
         ))
     return tuple(tasks)
 
