@@ -66,6 +66,22 @@ class ApiContext:
                              {"profile": "gpu", "cluster_gpus": 0})
 
 
+class AppConfigHolder(ConfigHolder):
+    """Reloads through the app's own loader, so the builder's ``settings`` overrides (data dir, database URL)
+    survive a reload; only the file, environment and Vault sources are re-read."""
+
+    def __init__(self, loader: Callable[[], Any], settings: Any):
+        super().__init__(settings)
+        self._loader = loader
+
+    def reload(self) -> int:
+        fresh = self._loader()  # an invalid config raises here: old settings and version stay
+        with self._lock:
+            self._settings = fresh
+            self._version += 1
+            return self._version
+
+
 def api_context(request: Request) -> ApiContext:
     return request.app.state.ctx
 

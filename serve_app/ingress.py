@@ -11,9 +11,8 @@ from typing import Any
 
 from ray import serve
 
-from alloy.config import ConfigHolder
 from deployments.runtime import open_services
-from serve_app.context import ApiContext
+from serve_app.context import ApiContext, AppConfigHolder
 
 
 def _cluster_gpus() -> float:
@@ -32,7 +31,7 @@ class Ingress:
         check_storage_for_cluster(self.services.settings, len(alive_ray_nodes()))
         self.services.db  # noqa: B018 - open and verify the schema now, not on the first request
         self.context = ApiContext(
-            config=ConfigHolder(self.services.settings),
+            config=AppConfigHolder(self.args.load_settings, self.services.settings),
             services=self.services,
             handles={name: h for name, h in handles.items() if h is not None},
             public_url=self.args.public_url,

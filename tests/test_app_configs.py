@@ -105,3 +105,13 @@ def test_gpu_profile_without_gpus_answers_gpu_unavailable(ray_cluster, tmp_path)
     on_demand = ApiContext(config=ConfigHolder(settings), services=None, profile="gpu", gpu_on_demand=True,
                            gpu_probe=_cluster_gpus)
     on_demand.require_gpu_capacity()  # an autoscaling cluster may add a GPU node: accepted
+
+
+def test_reload_keeps_the_builders_overrides(tmp_path):
+    from serve_app.context import AppConfigHolder
+
+    args = AppArgs(settings={"data_dir": str(tmp_path), "server": {"public_url": "https://alloy.example"}})
+    holder = AppConfigHolder(args.load_settings, args.load_settings())
+    assert holder.reload() == 2
+    assert holder.settings.data_dir == tmp_path
+    assert holder.settings.server.public_url == "https://alloy.example"

@@ -67,3 +67,15 @@ def test_alloy_submit_merge_follows_to_completed(alloy_service, served_models):
     ])
     assert failed.exit_code == 1
     assert "MODEL_NOT_FOUND" in failed.output
+
+
+def test_merges_still_work_after_a_reload(alloy_service, served_models):
+    admin = alloy_service.client("admin")
+    assert admin.post("/admin/reload").status_code == 200
+    # still the session's database and artifact folder: the registered models are all there
+    assert admin.get("/models/tune1").status_code == 200
+    accepted = admin.post("/merge/execute", json={"models": ["tune1", "tune2"], "strategy": "slerp",
+                                                  "parameters": {"t": 0.5}, "output_model_id": "after-reload"})
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["progress_url"].startswith(alloy_service.base_url)
+    assert alloy_service.wait_job(accepted.json()["progress_url"])["state"] == "COMPLETED"
