@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -92,7 +93,8 @@ def main() -> None:
     job = JobStore(db).create(JobKind.MERGE, {"models": ["a", "b"], "strategy": "ties", "output_model_id": "c"})
     db.close()
 
-    head = start_ray_head(Path(tempfile.mkdtemp(prefix="alb", dir="/tmp")), num_cpus=8)
+    ray_dir = Path(tempfile.mkdtemp(prefix="alb", dir="/tmp"))  # short: Ray's unix socket paths
+    head = start_ray_head(ray_dir, num_cpus=8)
     server = None
     try:
         head.apply_env()
@@ -123,6 +125,8 @@ def main() -> None:
             server.should_exit = True
         ray.shutdown()
         stop_ray_head(head)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
