@@ -103,6 +103,10 @@ def active_merge_outputs(jobs: JobStore) -> set[str]:
 
 # --- the runner ---------------------------------------------------------------------------------------------
 
+# The states a runner holds its job in (CREATED -> PREPARING is how it takes ownership).
+RUNNER_STATES = frozenset({JobState.PREPARING, JobState.RUNNING, JobState.EVALUATING})
+
+
 class JobInterrupted(Exception):
     """Raised inside the runner when its cancel event is set."""
 
@@ -148,6 +152,7 @@ class MergeJobRunner:
             if exc.code is ErrorCode.CONFLICT:  # someone else owns it, or it already ended: nothing to do
                 return self.jobs.get(job_id)
             raise
+        attempt = self.jobs.get(job_id).attempts  # which run of the job this is: a requeue increments it
         with self._lock:
             self.running[job_id] = cancel
         out_dir = self.work_dir / f"{job_id}-{uuid.uuid4().hex[:8]}"
@@ -177,6 +182,8 @@ class MergeJobRunner:
         except JobInterrupted:
             return self._interrupted(job_id, "replica shutting down: merge cancelled", registered)
         except AlloyError as exc:
+            if exc.code is ErrorCode.CONFLICT and self._lost_ownership(job_id, attempt):
+                return self._abandoned(job_id, registered)
             return self._failed(job_id, exc.code, exc.message, registered)
         except Exception as exc:  # noqa: BLE001 - any crash becomes a FAILED job, logged with its traceback
             logger.exception("merge job %s crashed", job_id)
@@ -251,6 +258,19 @@ class MergeJobRunner:
             return self.jobs.fail(job_id, code, message)
         except AlloyError:  # already terminal (or requeued by a sweeper): leave the record as it is
             return self.jobs.get(job_id)
+
+    def _lost_ownership(self, job_id: str, attempt: int) -> bool:
+        """Whether someone else moved the job while this run held it: requeued (a forced stop, a sweeper, the
+        start-time recovery) or ended. Then the job is no longer this run's to finish or to fail."""
+        current = self.jobs.get(job_id)
+        return current.attempts != attempt or current.state not in RUNNER_STATES
+
+    def _abandoned(self, job_id: str, registered: str | None) -> JobRecord:
+        """Give the job up without touching its record: failing it would be legal from CREATED and would end a
+        requeued job FAILED. Only this run's own output is removed (the private work folder goes in ``run``)."""
+        logger.warning("merge job %s was moved by someone else while it ran: leaving it as it is", job_id)
+        self._unregister(registered)
+        return self.jobs.get(job_id)
 
     def _interrupted(self, job_id: str, reason: str, registered: str | None) -> JobRecord:
         self._unregister(registered)

@@ -149,3 +149,28 @@ def test_an_output_id_claimed_by_a_running_job_is_refused(world):
     with pytest.raises(AlloyError) as caught:
         validate_merge_request(ties_request("claimed"), models=world["registry"], jobs=world["jobs"])
     assert caught.value.code is ErrorCode.ALREADY_EXISTS
+
+
+def test_a_job_requeued_while_its_runner_goes_on_stays_requeued_and_replays(world):
+    """A forced stop (or a sweeper) requeues the job while the runner is still evaluating: the runner's next
+    move gets CONFLICT. It must give the job up (unregistering its own output), not fail it: fail() is legal
+    from CREATED and would end the requeued job FAILED."""
+    request = ties_request("moved", evaluate={"datasets": ["any"]})
+    job_id = submit(world, request)
+
+    def evaluate_while_requeued(_out_dir, _request):
+        world["jobs"].requeue(job_id, "interrupted: forced shutdown")
+        return {"score": 1.0}
+
+    runner = MergeJobRunner(world["jobs"], world["registry"], world["tmp"] / "work", heartbeat_s=0.2,
+                            evaluate=evaluate_while_requeued)
+    record = runner.run(job_id)
+
+    assert record.state is JobState.CREATED and record.attempts == 1, (record.state, record.error)
+    assert record.error is None
+    assert world["jobs"].events(job_id)[-1].event == "interrupted"
+    assert not world["registry"].exists("moved")  # the run's registered output is gone again
+    assert leftovers(world) == []
+
+    replayed = world["runner"].run(job_id)
+    assert replayed.state is JobState.COMPLETED and replayed.result["model_id"] == "moved"
