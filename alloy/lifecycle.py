@@ -277,41 +277,6 @@ def wait_http_ready(url: str, *, timeout_s: float = 60.0) -> None:
     raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"{url} did not answer in {timeout_s:.0f}s: {error}")
 
 
-# --- cluster state (the single cluster_state row) -----------------------------------------------------------
-
-READY, STOPPED, STARTING = "READY", "STOPPED", "STARTING"
-
-
-def read_cluster_state(db) -> dict[str, Any]:
-    from alloy.db.models import ClusterStateRow
-
-    with db.session() as session:
-        row = session.get(ClusterStateRow, 1)
-        if row is None:
-            return {"state": STOPPED, "config_version": 1, "snapshot": {}}
-        return {"state": row.state, "config_version": row.config_version, "snapshot": dict(row.snapshot or {})}
-
-
-def write_cluster_state(db, *, state: str | None = None, config_version: int | None = None,
-                        snapshot_update: dict[str, Any] | None = None) -> dict[str, Any]:
-    from alloy.db.models import ClusterStateRow
-    from alloy.db.types import utcnow
-
-    with db.session() as session:
-        row = session.get(ClusterStateRow, 1)
-        if row is None:
-            row = ClusterStateRow(id=1, state=state or STARTING, config_version=config_version or 1, snapshot={})
-            session.add(row)
-        if state is not None:
-            row.state = state
-        if config_version is not None:
-            row.config_version = config_version
-        if snapshot_update:
-            row.snapshot = {**(row.snapshot or {}), **snapshot_update}
-        row.updated_at = utcnow()
-        return {"state": row.state, "config_version": row.config_version, "snapshot": dict(row.snapshot or {})}
-
-
 # --- multi-node storage rule --------------------------------------------------------------------------------
 
 def check_storage_for_cluster(settings, alive_nodes: int) -> None:
@@ -368,19 +333,76 @@ def drain_ray_node(node_id: str | None, reason: str, deadline_s: int | None) -> 
 
 
 # --- `alloy start` / `alloy stop` / `alloy status` ---------------------------------------------------------
+#
+# `alloy start` runs in the foreground: it owns the Ray driver and the head's process, so it is the process
+# that runs the start sequence (alloy.startup via alloy.cluster_ops) and, when `alloy stop` signals it, the
+# shutdown (alloy.shutdown). The lifecycle state itself lives in the database (alloy.cluster_state); the files
+# below only tell `alloy stop` which process to signal and what it asked for.
 
 STATE_FILE = "run/alloy-start.json"
+STOP_REQUEST_FILE = "run/stop-request.json"
 DEMO_KEY_FILE = "run/admin-key"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SERVE_CONFIG = PROJECT_ROOT / "configs" / "serve.yaml"
+ALLOY_CONFIG = PROJECT_ROOT / "configs" / "alloy.yaml"
 
 
 @dataclass
 class LocalRun:
+    """A cluster this process started: its Ray head, the start's context (settings, config holder, database,
+    cluster state store) and the persisted step log of the start."""
+
     url: str
     admin_key: str | None
     head: RayHead
     data_dir: Path
     registered: dict[str, list[str]]
+    start: Any  # alloy.cluster_state.LifecycleRun
+    context: Any  # alloy.startup.StartContext
+    build_config: Any  # () -> ServeDeploySchema, with the config version as a builder arg
+
+    @property
+    def cluster_state(self):
+        return self.context["cluster_state"]
+
+
+@dataclass
+class StopRequest:
+    """What `alloy stop` asks of the foreground `alloy start` (written next to the state file, then SIGTERM)."""
+
+    force: bool = False
+    timeout_s: float | None = None  # None: lifecycle.shutdown_timeout_s
+
+
+def write_stop_request(data_dir: Path, request: StopRequest) -> None:
+    import json
+
+    path = Path(data_dir) / STOP_REQUEST_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"force": request.force, "timeout_s": request.timeout_s}))
+
+
+def take_stop_request(data_dir: Path) -> StopRequest:
+    """The pending request (consumed), or a graceful stop with the configured timeout (SIGTERM, Ctrl-C)."""
+    import json
+
+    path = Path(data_dir) / STOP_REQUEST_FILE
+    if not path.exists():
+        return StopRequest()
+    raw = json.loads(path.read_text())
+    path.unlink(missing_ok=True)
+    return StopRequest(force=bool(raw.get("force")), timeout_s=raw.get("timeout_s"))
+
+
+def local_settings(config_path: str | Path | None = None):
+    """The settings `alloy start/stop/status` use: the config file (``--config`` or ALLOY_CONFIG), with the data
+    dir made absolute so every process opens the same database."""
+    from alloy.config import load_settings
+
+    if config_path:
+        os.environ["ALLOY_CONFIG"] = str(Path(config_path).resolve())
+    settings = load_settings()
+    return load_settings(data_dir=str(Path(settings.data_dir).resolve()))
 
 
 def _ray_temp_dir(data_dir: Path) -> Path:
@@ -433,71 +455,124 @@ def build_and_register_demo_zoo(settings) -> dict[str, list[str]]:
 
 
 def start_local(*, config_path: str | Path | None = None, demo: bool = True, serve_config: str | Path | None = None,
-                echo=print) -> LocalRun:
-    """Start a local Ray head and the app on embedded defaults; returns once /health answers."""
-    import json
+                warm: bool = False, skip_dependency_checks: bool = False, echo=print) -> LocalRun:
+    """Start a local Ray head and run the cold (or warm) start sequence on it; returns once READY.
 
+    A failed step raises :class:`alloy.startup.StepFailed` naming it; the head is stopped again and the
+    cluster state is STOPPED with the failed step in its log."""
     import ray
 
-    from alloy.config import load_settings
+    from alloy import cluster_ops
+    from alloy.cluster_state import ClusterStateStore
     from alloy.db import Database
+    from alloy.startup import StartContext
+    from serve_app.context import AppConfigHolder
 
-    if config_path:
-        os.environ["ALLOY_CONFIG"] = str(config_path)
-    settings = load_settings()
-    data_dir = Path(settings.data_dir).resolve()
+    settings = local_settings(config_path)
+    data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    settings = load_settings(data_dir=str(data_dir))
+    running = read_local_state(data_dir)
+    if running is not None and pid_alive(running.get("pid")):
+        raise AlloyError(ErrorCode.CONFLICT, f"`alloy start` already runs for {data_dir} (pid {running['pid']}): "
+                                             "`alloy stop` it first", {"pid": running["pid"]})
+    (data_dir / STOP_REQUEST_FILE).unlink(missing_ok=True)
 
-    db = Database.from_settings(settings)
-    try:
-        db.upgrade()  # the embedded database is ours to create and migrate
-        admin_key = _demo_admin_key(db, settings, data_dir)
-    finally:
-        db.close()
+    context = StartContext(mode="warm" if warm else "cold")
+    if settings.database_url.startswith("sqlite"):
+        # The embedded database is ours to create and migrate, and with it the start is persisted from step 1
+        # (an external database is migrated by the operator: "connect registries" refuses an old schema).
+        db = Database.from_settings(settings)
+        db.upgrade()
+        context["db"], context["cluster_state"] = db, ClusterStateStore(db)
+    version = context["cluster_state"].get().config_version if "cluster_state" in context.values else 1
+    config_file = str(Path(config_path or os.environ.get("ALLOY_CONFIG") or ALLOY_CONFIG).resolve())
+    context["config"] = AppConfigHolder(lambda: local_settings(config_file), settings, version=version)
 
     echo("starting a local Ray head ...")
     head = start_ray_head(_ray_temp_dir(data_dir), num_cpus=max(8, os.cpu_count() or 1))
+    url = f"http://127.0.0.1:{head.http_port}"
+
+    def build_config():
+        # The config version is a builder arg so that a reload (SIGHUP) changes the application's code version:
+        # Serve then replaces every replica (a rolling restart), and each re-reads the configuration.
+        return load_serve_config(serve_config or SERVE_CONFIG, http_port=head.http_port, app_args={
+            "config_path": config_file, "settings": {"data_dir": str(data_dir)},
+            "config_version": context["config"].version})
+
     try:
         head.apply_env()
         ray.init(address=head.address, namespace="alloy", log_to_driver=False)
-        echo("deploying the Serve app ...")
-        config = load_serve_config(
-            serve_config or PROJECT_ROOT / "configs" / "serve.yaml",
-            app_args={"config_path": str(config_path or os.environ.get("ALLOY_CONFIG") or
-                                         PROJECT_ROOT / "configs" / "alloy.yaml"),
-                      "settings": {"data_dir": str(data_dir)}},
-            http_port=head.http_port,
-        )
-        deploy_serve_config(config, timeout_s=600)
-        url = f"http://127.0.0.1:{head.http_port}"
-        wait_http_ready(f"{url}/docs", timeout_s=120)
+        sequence = cluster_ops.serve_start_sequence(
+            context.mode, build_config=build_config, base_url=lambda: url,
+            skip_dependency_checks=skip_dependency_checks or settings.lifecycle.warm_skip_dependency_checks)
+        start = sequence.run(context)
+        _write_local_state(data_dir, head, url)
+        admin_key = _demo_admin_key(context["db"], settings, data_dir)
         registered: dict[str, list[str]] = {}
         if demo:
             echo("building and registering the demo zoo (offline, tiny models) ...")
             registered = build_and_register_demo_zoo(settings)
-        state = {"pid": os.getpid(), "ray_pid": head.process.pid if head.process else None, "url": url,
-                 "address": head.address, "temp_dir": str(head.temp_dir), "data_dir": str(data_dir),
-                 "env": head.env}
-        state_file = data_dir / STATE_FILE
-        state_file.parent.mkdir(parents=True, exist_ok=True)
-        state_file.write_text(json.dumps(state))
-        state_file.chmod(0o600)
-        return LocalRun(url=url, admin_key=admin_key, head=head, data_dir=data_dir, registered=registered)
+        return LocalRun(url=url, admin_key=admin_key, head=head, data_dir=data_dir, registered=registered,
+                        start=start, context=context, build_config=build_config)
     except BaseException:
-        stop_local_head(head)
+        terminate_local(head, data_dir=data_dir)
         raise
 
 
-def stop_local_head(head: RayHead, *, data_dir: Path | None = None, drain_s: float = 60.0) -> None:
-    """Shut the app down (Serve drains replicas, the tracker flushes on its way out), then stop the head."""
+def _write_local_state(data_dir: Path, head: RayHead, url: str) -> None:
+    import json
+
+    state = {"pid": os.getpid(), "ray_pid": head.process.pid if head.process else None, "url": url,
+             "address": head.address, "temp_dir": str(head.temp_dir), "data_dir": str(data_dir), "env": head.env}
+    state_file = data_dir / STATE_FILE
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    state_file.write_text(json.dumps(state))
+    state_file.chmod(0o600)
+
+
+def stop_local(run: LocalRun, request: StopRequest, *, force_requested=None):
+    """Run the graceful (or forced) shutdown of :mod:`alloy.shutdown` on this process's cluster; returns the
+    :class:`alloy.shutdown.ShutdownReport` (its run is persisted as the cluster's last stop)."""
+    import logging
+
+    from alloy import cluster_ops
+    from alloy.jobs import JobStore
+    from alloy.shutdown import Shutdown, ShutdownActions
+
+    db, state = run.context["db"], run.cluster_state
+    jobs = JobStore(db)
+    try:  # what the next `alloy start --warm` restores: the pools as they are when the stop begins
+        state.save_pool_snapshot(cluster_ops.current_pools())
+    except Exception:  # noqa: BLE001 - a dead Ray head must not keep the stop from running
+        logging.getLogger("alloy.lifecycle").warning("pool snapshot not saved", exc_info=True)
+
+    def close_registries() -> str:
+        db.close()  # the pool is disposed; the last steps reconnect only to persist the state
+        return "database connections closed"
+
+    actions = ShutdownActions(
+        cancel_active=lambda: cluster_ops.cancel_active_tasks(jobs),
+        flush_tracker=cluster_ops.flush_tracker,
+        close_registries=close_registries,
+        terminate_pools=lambda: terminate_local(run.head, data_dir=run.data_dir),
+    )
+    timeout_s = request.timeout_s if request.timeout_s is not None else \
+        run.context["settings"].lifecycle.shutdown_timeout_s
+    shutdown = Shutdown(state, jobs, actions, timeout_s=timeout_s, force_requested=force_requested)
+    return shutdown.forced("alloy stop --force") if request.force else shutdown.graceful()
+
+
+def terminate_local(head: RayHead, *, data_dir: Path | None = None) -> str:
+    """Shut the Serve app down (replicas drain, the tracker flushes on its way out), then stop exactly the Ray
+    processes of ``head``; the state file goes with them."""
     import ray
 
     try:
         if ray.is_initialized():
-            from ray import serve
+            if head.process is not None and head.process.poll() is None:
+                from ray import serve
 
-            serve.shutdown()
+                serve.shutdown()
             ray.shutdown()
     except Exception:  # noqa: BLE001 - the head is stopped below regardless
         pass
@@ -505,18 +580,25 @@ def stop_local_head(head: RayHead, *, data_dir: Path | None = None, drain_s: flo
         stop_ray_head(head)
         if data_dir is not None:
             (data_dir / STATE_FILE).unlink(missing_ok=True)
-            _mark_stopped(data_dir)
+    return "serve shut down, ray head stopped"
 
 
-def _mark_stopped(data_dir: Path) -> None:
-    from alloy.config import load_settings
-    from alloy.db import Database
+def reload_local(run: LocalRun):
+    """SIGHUP: re-read the configuration and warm-start onto it (dependency checks skipped, pools restored to
+    their current sizes by a rolling restart of every replica, abbreviated health checks, READY with the new
+    config version). An invalid configuration raises and the running one stays, version unchanged."""
+    from alloy import cluster_ops
+    from alloy.startup import StartContext
 
-    db = Database.from_settings(load_settings(data_dir=str(data_dir)))
-    try:
-        write_cluster_state(db, state=STOPPED)
-    finally:
-        db.close()
+    holder = run.context["config"]
+    holder.reload()  # raises on an invalid configuration: nothing below runs
+    run.cluster_state.save_pool_snapshot(cluster_ops.current_pools())
+    context = StartContext(mode="warm", values={k: run.context[k] for k in ("db", "cluster_state", "config")})
+    sequence = cluster_ops.serve_start_sequence("warm", build_config=run.build_config, base_url=lambda: run.url,
+                                                skip_dependency_checks=True, recover=False)
+    result = sequence.run(context)
+    run.context["settings"] = context["settings"]
+    return result
 
 
 def read_local_state(data_dir: Path) -> dict[str, Any] | None:

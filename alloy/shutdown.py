@@ -68,9 +68,13 @@ class Shutdown:
     """Runs a graceful (``graceful()``) or forced (``forced()``) shutdown over the given actions."""
 
     def __init__(self, state: ClusterStateStore, jobs: JobStore, actions: ShutdownActions, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, poll_s: float = POLL_S):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, poll_s: float = POLL_S,
+                 force_requested: Callable[[], bool] | None = None):
+        """``force_requested``: asked while the graceful wait polls; True ends the wait at once and escalates
+        (an operator's ``alloy stop --force`` or a second Ctrl-C during a graceful stop)."""
         self.state, self.jobs, self.actions = state, jobs, actions
         self.timeout_s, self.poll_s = timeout_s, poll_s
+        self.force_requested = force_requested or (lambda: False)
 
     # -- graceful -------------------------------------------------------------------------------------------
     def graceful(self) -> ShutdownReport:
@@ -88,6 +92,8 @@ class Shutdown:
         def wait(_ctx: Any) -> str:
             outcome["waited_for"] = self._active_ids()
             outcome["unfinished"] = self._wait_for_active()
+            if outcome["unfinished"] and self.force_requested():
+                return f"force requested: {len(outcome['unfinished'])} still active"
             if outcome["unfinished"]:
                 return f"timeout after {self.timeout_s:g}s: {len(outcome['unfinished'])} still active"
             return f"{len(outcome['waited_for'])} active merges/evaluations finished"
@@ -97,8 +103,12 @@ class Shutdown:
             entry, error = run_timed(step, None, label=f"graceful stop step {number}/6")
             log.append(entry)
             if error is not None or (step.name.startswith("wait") and outcome["unfinished"]):
-                why = f"graceful shutdown exceeded its {self.timeout_s:g}s timeout" if error is None \
-                    else f"graceful shutdown step {step.name!r} failed: {entry.detail}"
+                if error is not None:
+                    why = f"graceful shutdown step {step.name!r} failed: {entry.detail}"
+                elif self.force_requested():
+                    why = "forced by the operator during the graceful wait"
+                else:
+                    why = f"graceful shutdown exceeded its {self.timeout_s:g}s timeout"
                 logger.warning("%s: forcing", why)
                 report = self._forced(log, started, mode="graceful->forced", why=why)
                 report.escalated = True
@@ -148,7 +158,7 @@ class Shutdown:
         deadline = time.monotonic() + self.timeout_s
         while True:
             active = self._active_ids()
-            if not active or time.monotonic() >= deadline:
+            if not active or time.monotonic() >= deadline or self.force_requested():
                 return active
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from alloy.cluster_state import ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode, not_found
 from alloy.jobs import JobKind, JobState
 from alloy.merge_jobs import active_merge_outputs, check_merge_inputs
@@ -283,8 +284,6 @@ async def _component_health(ctx: ApiContext, name: str) -> s.ComponentHealth:
 @ops_router.get("/health", response_model=s.HealthView, dependencies=_scope("read"),
                 summary="Cluster state and the health of every component")
 async def health(request: Request) -> s.HealthView:
-    from alloy.lifecycle import READY, read_cluster_state, write_cluster_state
-
     ctx = api_context(request)
     results = await asyncio.gather(*(_component_health(ctx, name) for name in COMPONENTS))
     components = dict(zip(COMPONENTS, results))
@@ -294,16 +293,21 @@ async def health(request: Request) -> s.HealthView:
     except Exception as exc:  # noqa: BLE001
         components["Database"] = s.ComponentHealth(status="unhealthy", detail={"error": str(exc)[:500]})
     healthy = all(c.status != "unhealthy" for c in components.values())
-    state = await asyncio.to_thread(read_cluster_state, ctx.services.db)
-    if healthy and state["state"] != READY and state["state"] != "DRAINING":
-        state = await asyncio.to_thread(write_cluster_state, ctx.services.db, state=READY)  # cold start step 6
+    # Read only: READY is set by the start sequence once every step passed, never by a probe (a probe during
+    # STARTING or STOPPING would otherwise let requests in).
+    cluster = await asyncio.to_thread(_cluster_store(ctx).get)
     nodes = await asyncio.to_thread(_nodes)
-    draining = sorted(set(state["snapshot"].get("draining_nodes", [])) & {n["node_id"] for n in nodes if n["alive"]})
+    alive = {n["node_id"] for n in nodes if n["alive"]}
+    draining = sorted(set(cluster.snapshot.get("draining_nodes", [])) & alive)
     return s.HealthView(
-        status="healthy" if healthy else "degraded", cluster_state=state["state"],
-        config_version=max(state["config_version"], ctx.config.version), profile=ctx.profile, gpus=ctx.gpus(),
+        status="healthy" if healthy else "degraded", cluster_state=cluster.state.value,
+        config_version=max(cluster.config_version, ctx.config.version), profile=ctx.profile, gpus=ctx.gpus(),
         nodes=nodes, draining_nodes=draining, components=components,
     )
+
+
+def _cluster_store(ctx: ApiContext) -> ClusterStateStore:
+    return ClusterStateStore(ctx.services.db)
 
 
 def _nodes() -> list[dict[str, Any]]:
@@ -329,7 +333,9 @@ async def metrics(request: Request) -> Response:
     ctx = api_context(request)
     counts, throughput = await asyncio.to_thread(_job_figures, ctx.services.jobs)
     ctx.metrics.observe_jobs(counts, throughput)
-    ctx.metrics.config_version.set(ctx.config.version)
+    cluster = await asyncio.to_thread(_cluster_store(ctx).get)
+    ctx.metrics.observe_cluster(cluster)
+    ctx.metrics.config_version.set(max(cluster.config_version, ctx.config.version))
     for name in ("MergeEngine", "EvaluationEngine"):
         handle = ctx.handles.get(name)
         if handle is None:
@@ -357,28 +363,27 @@ admin_router = APIRouter(prefix="/admin", tags=["admin"])
 @admin_router.post("/reload", response_model=s.ReloadView, dependencies=_scope("admin"),
                    summary="Reload configuration (version increments)")
 async def reload_config(request: Request) -> s.ReloadView:
-    from alloy.lifecycle import read_cluster_state, write_cluster_state
-
     ctx = api_context(request)
-    state = await asyncio.to_thread(read_cluster_state, ctx.services.db)
+    store = _cluster_store(ctx)
     await asyncio.to_thread(ctx.config.reload)  # invalid config -> VALIDATION_FAILED, old settings kept
-    version = max(ctx.config.version, state["config_version"] + 1)
-    await asyncio.to_thread(write_cluster_state, ctx.services.db, config_version=version)
+    persisted = (await asyncio.to_thread(store.get)).config_version
+    version = max(ctx.config.version, persisted + 1)
+    await asyncio.to_thread(store.set_config_version, version)
     return s.ReloadView(config_version=version)
 
 
 @admin_router.post("/drain", response_model=s.DrainView, dependencies=_scope("admin"),
                    summary="Drain a node: no new tasks are scheduled on it, running ones finish")
 async def drain_node(body: s.DrainRequest, request: Request) -> s.DrainView:
-    from alloy.lifecycle import drain_ray_node, write_cluster_state, read_cluster_state
+    from alloy.lifecycle import drain_ray_node
 
     ctx = api_context(request)
     node_id, accepted, message = await asyncio.to_thread(drain_ray_node, body.node_id, body.reason, body.deadline_s)
     if not accepted:
         raise AlloyError(ErrorCode.CONFLICT, f"drain of node {node_id} refused: {message}", {"node_id": node_id})
-    state = await asyncio.to_thread(read_cluster_state, ctx.services.db)
-    draining = sorted(set(state["snapshot"].get("draining_nodes", [])) | {node_id})
-    await asyncio.to_thread(write_cluster_state, ctx.services.db, snapshot_update={"draining_nodes": draining})
+    store = _cluster_store(ctx)
+    draining = sorted(set((await asyncio.to_thread(store.get)).snapshot.get("draining_nodes", [])) | {node_id})
+    await asyncio.to_thread(store.update_snapshot, draining_nodes=draining)
     return s.DrainView(node_id=node_id, accepted=True, message=message or None)
 
 
@@ -401,9 +406,26 @@ async def clear_cache(request: Request) -> s.CacheClearView:
     return s.CacheClearView(caches=cleared)
 
 
+# --- the cluster-state gate ---------------------------------------------------------------------------------
+# Job creation: refused while the cluster drains or stops, when reads (progress polling) still work.
+SUBMISSION_PATHS = frozenset({"/merge/execute", "/evaluations", "/evolutions"})
+
+
+def cluster_gate(request: Request) -> None:
+    """Every route but /health and /metrics: 503 SERVICE_UNAVAILABLE (with ``details.cluster_state``) before
+    READY, and for job submissions while DRAINING or STOPPING. Without a gate (a plain FastAPI app outside
+    Serve, e.g. the uvicorn benchmark) everything passes."""
+    gate = api_context(request).cluster_gate
+    if gate is None:
+        return
+    submission = request.method == "POST" and request.url.path.rstrip("/") in SUBMISSION_PATHS
+    gate.require(submission=submission)
+
+
 # --- assembly -----------------------------------------------------------------------------------------------
-ROUTERS = (ops_router, merge_router, jobs_router, evaluations_router, models_router, datasets_router,
-           experiments_router, artifacts_router, admin_router)
+GATED_ROUTERS = (merge_router, jobs_router, evaluations_router, models_router, datasets_router,
+                 experiments_router, artifacts_router, admin_router)
+ROUTERS = (ops_router, *GATED_ROUTERS)
 
 
 def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
@@ -414,12 +436,14 @@ def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
     )
     app.state.ctx = ctx
     ctx.metrics = ctx.metrics or ApiMetrics()
-    for router in ROUTERS:
-        app.include_router(router)
+    app.include_router(ops_router)  # /health and /metrics answer in every cluster state
+    gated = [Depends(cluster_gate)]
+    for router in GATED_ROUTERS:
+        app.include_router(router, dependencies=gated)
     if importlib.util.find_spec("serve_app.routes_evolutions") is not None:
         from serve_app.routes_evolutions import router as evolutions_router
 
-        app.include_router(evolutions_router)
+        app.include_router(evolutions_router, dependencies=gated)
     _install_cross_cutting(app, ctx, install_security)
     return app
 

@@ -3,7 +3,7 @@
 Routers written elsewhere (``serve_app/routes_evolutions.py``) use the two dependency helpers below and nothing
 else, so they work the same in the Serve ingress and in a plain FastAPI app:
 
-- ``api_context(request) -> ApiContext`` (settings, job store, public base URL, metrics);
+- ``api_context(request) -> ApiContext`` (settings, job store, public base URL, metrics, cluster-state gate);
 - ``component(name)`` -> a FastAPI dependency returning the deployment handle of ``name`` (``"EvolutionEngine"``,
   ``"MergeEngine"``, ...), or 503 SERVICE_UNAVAILABLE when the app runs without it.
 """
@@ -31,6 +31,9 @@ class ApiContext:
     gpu_on_demand: bool = False
     metrics: Any = None
     gpu_probe: Callable[[], float] | None = None
+    # The 503 gate on the cluster lifecycle state (alloy.cluster_state.CachedClusterState); None lets every
+    # request through (a plain FastAPI app outside the cluster, e.g. the uvicorn benchmark).
+    cluster_gate: Any = None
     _gpu_cache: tuple[float, float] = (0.0, -1.0)
 
     def base_url(self, request: Request) -> str:
@@ -70,8 +73,8 @@ class AppConfigHolder(ConfigHolder):
     """Reloads through the app's own loader, so the builder's ``settings`` overrides (data dir, database URL)
     survive a reload; only the file, environment and Vault sources are re-read."""
 
-    def __init__(self, loader: Callable[[], Any], settings: Any):
-        super().__init__(settings)
+    def __init__(self, loader: Callable[[], Any], settings: Any, version: int = 1):
+        super().__init__(settings, version)
         self._loader = loader
 
     def reload(self) -> int:

@@ -25,6 +25,7 @@ def _cluster_gpus() -> float:
 @serve.ingress()
 class Ingress:
     def __init__(self, args: dict[str, Any], handles: dict[str, Any]):
+        from alloy.cluster_state import CachedClusterState, ClusterStateStore
         from alloy.lifecycle import alive_ray_nodes, check_storage_for_cluster
 
         self.args, self.services = open_services(args)
@@ -38,6 +39,7 @@ class Ingress:
             profile=self.services.settings.profile,
             gpu_on_demand=self.args.gpu_on_demand,
             gpu_probe=_cluster_gpus,
+            cluster_gate=CachedClusterState(ClusterStateStore(self.services.db), ttl_s=1.0),
         )
 
     def __serve_build_asgi_app__(self):

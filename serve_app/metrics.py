@@ -39,6 +39,11 @@ class ApiMetrics:
         self.cache_misses = Gauge("alloy_model_cache_misses", "Model cache misses since last clear",
                                   ["component"], registry=self.registry)
         self.config_version = Gauge("alloy_config_version", "Live configuration version", registry=self.registry)
+        self.cluster_state = Gauge("alloy_cluster_state", "1 for the current cluster lifecycle state, 0 for others",
+                                   ["state"], registry=self.registry)
+        self.lifecycle_step_seconds = Gauge(
+            "alloy_lifecycle_step_seconds", "Duration of each step of the last start and the last stop",
+            ["phase", "step"], registry=self.registry)
 
     def observe_jobs(self, counts: dict[tuple[str, str], int], running_bytes_per_s: float) -> None:
         for (kind, state), count in counts.items():
@@ -51,6 +56,17 @@ class ApiMetrics:
         self.cache_hit_rate.labels(component=component).set(stats.get("hit_rate", 0.0))
         self.cache_hits.labels(component=component).set(stats.get("hits", 0))
         self.cache_misses.labels(component=component).set(stats.get("misses", 0))
+
+    def observe_cluster(self, status: Any) -> None:
+        """The persisted cluster status (alloy.cluster_state.ClusterStatus): the one-hot state gauge and the
+        step durations of the last start and stop."""
+        from alloy.cluster_state import state_metric_values
+
+        for name, value in state_metric_values(status.state).items():
+            self.cluster_state.labels(state=name).set(value)
+        for phase, run in (("start", status.last_start), ("stop", status.last_stop)):
+            for step in run.steps if run is not None else []:
+                self.lifecycle_step_seconds.labels(phase=phase, step=step.name).set(step.duration_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
