@@ -406,9 +406,10 @@ def local_settings(config_path: str | Path | None = None):
 
 
 def _ray_temp_dir(data_dir: Path) -> Path:
-    """A persistent Ray temp dir under the data dir, unless that path is too long for Ray's unix sockets."""
+    """A persistent Ray temp dir under the data dir, unless that path is too long for Ray's unix sockets
+    (``<temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store`` must stay within 107 bytes)."""
     preferred = data_dir / "ray"
-    if len(str(preferred)) <= 60:
+    if len(str(preferred)) <= 40:
         return preferred
     import hashlib
 

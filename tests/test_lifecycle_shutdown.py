@@ -111,6 +111,21 @@ def test_graceful_past_its_timeout_escalates_to_forced(state, jobs):
     assert status.state is ClusterState.STOPPED and not status.previous_stop_was_clean
 
 
+def test_a_force_request_during_the_graceful_wait_escalates_at_once(state, jobs):
+    """`alloy stop --force` (or a second Ctrl-C) while a graceful stop waits: no need to sit out the timeout."""
+    job_id = running_job(jobs)
+    forced = threading.Event()
+    threading.Timer(0.5, forced.set).start()
+    actions = RecordingActions(jobs)
+    started = time.monotonic()
+    report = Shutdown(state, jobs, actions, timeout_s=300, poll_s=0.1, force_requested=forced.is_set).graceful()
+    assert time.monotonic() - started < 10
+    assert report.escalated and report.run.mode == "graceful->forced"
+    assert report.run.error == "forced by the operator during the graceful wait"
+    assert actions.calls == ["cancel", "flush", "close", "terminate"]
+    assert jobs.get(job_id).state.value == "CREATED" and jobs.events(job_id)[-1].event == "interrupted"
+
+
 def test_evolutions_are_not_waited_for(state, jobs):
     running_job(jobs, "evolution")
     report = Shutdown(state, jobs, RecordingActions(jobs), timeout_s=30).graceful()
