@@ -23,7 +23,7 @@ from evolution.config import EvolutionSpec, parse_spec
 from evolution.finalize import Finalist, finalists, lineage_of, plot_fitness
 from evolution.genome import GenomeSpace
 from evolution.parents import ParentArrays, as_tensors, load_parents
-from evolution.runner import SearchOutcome, run_search
+from evolution.runner import SearchOutcome, can_resume, run_search
 from evolution.scoring import CandidateScorer, InMemoryDatasets, ScorerSpec
 from evolution.search import cancel_flag, set_external_cancel_check
 from evolution.tracking import Candidate, ProgressSummary, RecordingSink
@@ -100,8 +100,11 @@ class EvolutionService:
             summary = ProgressSummary(generations=spec.search.generations, population=spec.search.population)
             for previous in self._recorded_candidates(experiment_id):  # a resumed run keeps its history
                 summary.add(previous)
+            # A replay after a forced shutdown continues the Tune experiment already on disk (Tuner.restore).
+            resuming = can_resume(self.storage_path, job_id)
             if self.jobs.get(job_id).state != JobState.RUNNING:
-                self.jobs.transition(job_id, JobState.RUNNING, progress=summary.progress())
+                self.jobs.transition(job_id, JobState.RUNNING,
+                                     progress={**summary.progress(), "resumed_from_checkpoint": resuming})
             sink = RecordingSink(job_id=job_id, experiment_id=experiment_id, tracker=self.tracker, jobs=self.jobs,
                                  summary=summary)
             outcome = run_search(
@@ -311,7 +314,7 @@ class EvolutionService:
             "fitness_plot": plot,
             "search": {"kind": spec.search.kind, "population": spec.search.population,
                        "generations": spec.search.generations, "candidates": len(candidates),
-                       "resumed": outcome.resumed, "search_wall_s": round(outcome.wall_s, 2),
+                       "evaluated_this_run": len(outcome.candidates), "resumed": outcome.resumed, "search_wall_s": round(outcome.wall_s, 2),
                        "candidates_per_minute": round(len(outcome.candidates) / max(outcome.wall_s, 1e-9) * 60, 2),
                        "errored_trials": outcome.errored_trials},
             "finalize_s": round(time.perf_counter() - started, 2),

@@ -7,6 +7,7 @@ The run's folder is ``<storage_path>/<run name>`` (the engine uses ``<data_dir>/
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,22 @@ def _trainable(parents: ParentArrays, data: Any, setup: TrialSetup, settings: Se
     return tune.with_resources(trainable, {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial})
 
 
+# Tune snapshots the experiment (trial states and their latest checkpoints) at most every 10 s by default; a
+# forced shutdown then loses up to that much search. Snapshots of an evolution are a few KB, so take them often.
+EXPERIMENT_SNAPSHOT_PERIOD_S = "2"
+
+
+def experiment_path_of(storage_path: str | Path, run_name: str) -> Path:
+    return Path(storage_path).resolve() / run_name
+
+
+def can_resume(storage_path: str | Path, run_name: str) -> bool:
+    """True when an interrupted run left a Tune experiment that ``Tuner.restore`` can continue."""
+    from ray import tune
+
+    return tune.Tuner.can_restore(str(experiment_path_of(storage_path, run_name)))
+
+
 def run_search(
     *,
     run_name: str,
@@ -59,7 +76,8 @@ def run_search(
     from ray import tune
 
     storage_path = Path(storage_path).resolve()
-    experiment_path = storage_path / run_name
+    experiment_path = experiment_path_of(storage_path, run_name)
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", EXPERIMENT_SNAPSHOT_PERIOD_S)  # read by each Tuner.fit
     setup = TrialSetup(
         space=space, scorer=scorer, generations=settings.generations, dev_batch_size=settings.dev_batch_size,
         batch_seed=settings.seed, device=device,
@@ -67,7 +85,7 @@ def run_search(
     )
     trainable = _trainable(parents, data, setup, settings)
     started = time.perf_counter()
-    resumed = tune.Tuner.can_restore(str(experiment_path))
+    resumed = can_resume(storage_path, run_name)
     if resumed:
         log.info("resuming evolution %s from %s", run_name, experiment_path)
         tuner = tune.Tuner.restore(str(experiment_path), trainable=trainable, resume_unfinished=True,

@@ -77,29 +77,34 @@ class CandidateCallback(Callback):
 
 
 class ProgressSummary(BaseModel):
-    generation: int = 0
+    """The job's progress, computed from the candidates seen so far, keyed by candidate id: a run resumed with
+    ``Tuner.restore`` re-evaluates the candidates reported after Tune's last experiment snapshot, and those must
+    replace, not add to, what the interrupted run recorded."""
+
     generations: int
     population: int
-    trials: int = 0  # candidates evaluated
-    best_fitness: float | None = None
-    median_fitness: float | None = None  # of the latest generation
-    best_candidate: str | None = None
-    fitness_by_generation: dict[int, list[float]] = {}
+    fitness_of: dict[str, tuple[int, float]] = {}  # candidate id -> (generation, fitness)
 
     def add(self, candidate: Candidate) -> None:
-        self.trials += 1
-        self.generation = max(self.generation, candidate.generation)
-        self.fitness_by_generation.setdefault(candidate.generation, []).append(candidate.fitness)
-        if self.best_fitness is None or candidate.fitness > self.best_fitness:
-            self.best_fitness = candidate.fitness
-            self.best_candidate = candidate.candidate_id
-        self.median_fitness = statistics.median(self.fitness_by_generation[self.generation])
+        self.fitness_of[candidate.candidate_id] = (candidate.generation, candidate.fitness)
+
+    @property
+    def trials(self) -> int:
+        return len(self.fitness_of)
+
+    @property
+    def generation(self) -> int:
+        return max((generation for generation, _ in self.fitness_of.values()), default=0)
 
     def progress(self) -> dict[str, Any]:
+        best_id = max(self.fitness_of, key=lambda c: self.fitness_of[c][1], default=None)
+        latest = [f for g, f in self.fitness_of.values() if g == self.generation]
         return {
             "generation": self.generation, "generations": self.generations, "population": self.population,
-            "trials": self.trials, "best_fitness": self.best_fitness, "median_fitness": self.median_fitness,
-            "best_candidate": self.best_candidate,
+            "trials": self.trials,
+            "best_fitness": self.fitness_of[best_id][1] if best_id else None,
+            "median_fitness": statistics.median(latest) if latest else None,  # of the latest generation
+            "best_candidate": best_id,
             "percent": round(100.0 * min(self.generation, self.generations) / self.generations * 0.9, 1),
         }
 
@@ -126,5 +131,8 @@ class RecordingSink:
                     candidate.recipe, {"fitness": candidate.fitness, **candidate.metrics},
                     parent_trial=candidate.parent_candidate,
                 )
+                # Written at once (not left in the tracker's buffer): a forced shutdown must not lose candidates
+                # that the progress already counts. One small transaction per candidate.
+                self.tracker.flush()
             if self.jobs is not None and self.job_id is not None:
                 self.jobs.update_progress(self.job_id, **self.summary.progress())
