@@ -1,106 +1,116 @@
-"""A real ``tiny`` evolution on the session Ray cluster: PBT over task-arithmetic genomes, in-memory candidates,
-tracker records with lineage, the winner merged, registered and scored on test, the fitness plot stored."""
+"""The evolution engine in this process, on the storage of the session service (same database, artifact folder
+and built ``tiny`` preset as ``alloy_service``, so the preset is built once per session).
+
+The resume test kills the process driving a real Tune search mid-way (SIGKILL: no cleanup, the job stays
+RUNNING, the Tune experiment folder stays on disk), requeues the job as the recovery sweep does, runs it again
+and checks that it continued with ``Tuner.restore`` instead of starting over.
+"""
 
 from __future__ import annotations
 
-import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.test_evolution_http import PROJECT_ROOT, TINY_CONFIG, tiny_request
+
 pytestmark = pytest.mark.ray
 
-TINY_REQUEST = {
-    "name": "tiny evolution (test)",
-    "preset": "tiny",
-    "strategy": "task_arithmetic",
-    "genome": {"per_model": {"weight": [0.0, 1.5, 1.0]}, "global_parameters": {"lambda": [0.1, 1.5, 0.5]}},
-    "search": {"kind": "pbt", "population": 4, "generations": 3, "dev_batch_size": 16, "finalists": 2,
-               "cpus_per_trial": 0.5, "seed": 0},
-}
+FRESH_CANDIDATES = 3 * 3  # population x generations of configs/evolve-tiny.yaml
+
+
+def service_env(alloy_service) -> dict[str, str]:
+    """``ALLOY_*`` settings that point a driver process at the session service's storage."""
+    return {"ALLOY_DATA_DIR": str(alloy_service.data_dir), "ALLOY_DATABASE__URL": alloy_service.database_url}
 
 
 @pytest.fixture(scope="module")
-def evo_data_dir(tmp_path_factory) -> Path:
-    from alloy.zoo.presets import build_preset
-
-    data_dir = tmp_path_factory.mktemp("evo-data")
-    build_preset("tiny", data_dir)
-    return data_dir
-
-
-@pytest.fixture(scope="module")
-def service(evo_data_dir, ray_cluster):
+def engine(alloy_service):
     from alloy.config import load_settings
     from evolution.engine import EvolutionService
 
-    settings = load_settings(data_dir=evo_data_dir, model_roots=[evo_data_dir])
-    service = EvolutionService.from_settings(settings)
-    service.db.upgrade()
-    return service
+    settings = load_settings(data_dir=alloy_service.data_dir, database={"url": alloy_service.database_url})
+    return EvolutionService.from_settings(settings)
 
 
-def test_tiny_pbt_evolution_end_to_end(service):
-    job = service.jobs.create("evolution", TINY_REQUEST)
-    result = service.run_job(job.id)
-    record = service.jobs.get(job.id)
-    assert record.state.value == "COMPLETED", record.error
-
-    # every candidate is a tracker trial: population x generations, with parents
-    trials = service.trials(job.id)
-    assert len(trials) == 4 * 3
-    assert sorted({t["generation"] for t in trials}) == [1, 2, 3]
-    by_id = {t["trial_id"]: t for t in trials}
-    later = [t for t in trials if t["generation"] > 1]
-    assert all(t["parent_trial"] in by_id for t in later)
-    assert all(by_id[t["parent_trial"]]["generation"] == t["generation"] - 1 for t in later)
-    assert all("fitness" in t["metrics"] and t["recipe"]["strategy"] == "task_arithmetic" for t in trials)
-
-    # progress as the API shows it
-    assert record.progress["generation"] == 3 and record.progress["trials"] == 12
-    assert record.progress["best_fitness"] >= record.progress["median_fitness"]
-
-    # the winner: on disk, registered with its lineage, scored on test next to the parents
-    model = service.models.get(result["model_id"])
-    assert model.lineage["job_id"] == job.id
-    assert model.lineage["trial_id"] == result["best_trial"] and result["best_trial"] in by_id
-    assert set(model.lineage["parents"]) == {"tiny-enc-ft-letters", "tiny-enc-ft-case"}
-    scores = result["test"]["scores"]
-    assert {result["model_id"], "tiny-enc-ft-letters", "tiny-enc-ft-case", "tiny-enc-base"} <= set(scores)
-    assert all(0.0 <= v <= 1.0 for v in scores.values())
-    assert isinstance(result["test"]["beats_every_parent"], bool)
-
-    # the plot is a PNG in the artifact store, linked from the job's result
-    plot = result["fitness_plot"]
-    assert service.store.read_bytes(plot["key"])[:8] == b"\x89PNG\r\n\x1a\n"
-
-    # the test results are in the tracker too
-    logged = {(r.model_id, r.metric) for r in service.tracker.results(result["experiment_id"])}
-    assert (result["model_id"], "mean_accuracy") in logged
-
-
-def test_pbt_exploit_never_needs_a_donor_checkpoint(service):
-    """The PBT donor-checkpoint pitfall: with capped checkpoints Tune deletes a donor's checkpoint before the
-    exploiting trial restores from it and that trial errors. Here every generation exploits; no trial may error,
-    exploited candidates must descend from another trial, and every donor checkpoint must still exist."""
-    request = json.loads(json.dumps(TINY_REQUEST))
-    request["search"].update(generations=4, quantile_fraction=0.5, finalists=1)
-    job = service.jobs.create("evolution", request)
-    result = service.run_job(job.id)
-    assert service.jobs.get(job.id).state.value == "COMPLETED", service.jobs.get(job.id).error
-    assert result["search"]["errored_trials"] == []
-    trials = service.trials(job.id)
-    assert len(trials) == 4 * 4
-    exploited = [t for t in trials if t["parent_trial"]
-                 and t["parent_trial"].rsplit("-g", 1)[0] != t["trial_id"].rsplit("-g", 1)[0]]
-    assert exploited, "PBT never exploited: the test would not notice the pitfall"
-    experiment = service.storage_path / job.id
-    assert len(list(experiment.glob("*/checkpoint_*"))) == len(trials)  # nothing was rotated away
-
-
-def test_cancel_before_start_fails_the_job_as_cancelled(service):
-    job = service.jobs.create("evolution", TINY_REQUEST)
-    service.cancel(job.id)
-    record = service.jobs.get(job.id)
+def test_cancel_before_start_fails_the_job_as_cancelled(engine):
+    job = engine.jobs.create("evolution", tiny_request("cancelled before it starts"))
+    engine.cancel(job.id)
+    record = engine.jobs.get(job.id)
     assert record.state.value == "FAILED" and record.error.code == "CANCELLED"
-    assert service.run_job(job.id) == {}
+    assert engine.run_job(job.id) == {}
+
+
+def _wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the driver exited ({process.returncode}) before {what}")
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+RESUME_GENERATIONS = 6  # a longer tiny run: room to kill it between two generations
+RESUME_CANDIDATES = 3 * RESUME_GENERATIONS
+
+
+def test_a_killed_evolution_resumes_from_its_tune_checkpoint(alloy_service, engine, ray_cluster, tmp_path):
+    request = tiny_request("killed, then resumed")
+    request["search"]["generations"] = RESUME_GENERATIONS
+    job = engine.jobs.create("evolution", request, owner="resume-test")
+    experiment = alloy_service.data_dir / "evolutions" / job.id
+    log_path = tmp_path / "driver.log"
+    # The batch driver joined to the session cluster (RAY_ADDRESS + token env), snapshotting Tune's experiment
+    # every 0.5 s instead of evolution.runner's 2 s, so that the kill lands after a snapshot with checkpoints.
+    env = {**os.environ, **ray_cluster.env, **service_env(alloy_service), "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
+    with log_path.open("wb") as log:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "evolution.run", str(TINY_CONFIG), "--job-id", job.id],
+            cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        # Mid-search: every trial has finished generation 1 (reported with its checkpoint), and Tune has written
+        # an experiment snapshot since then.
+        _wait_for(lambda: engine.jobs.get(job.id).progress.get("trials", 0) >= 3, 240, "generation 1", driver)
+        generation_1_done = time.time()
+        _wait_for(lambda: _latest_snapshot_mtime(experiment) > generation_1_done + 0.2, 60,
+                  "a Tune snapshot after generation 1", driver)
+    except AssertionError:
+        driver.kill()
+        raise AssertionError(log_path.read_text(errors="replace")[-3000:]) from None
+    os.killpg(driver.pid, signal.SIGKILL)  # a forced shutdown: no finally blocks, no Tune teardown
+    driver.wait(timeout=30)
+
+    interrupted = engine.jobs.get(job.id)
+    assert interrupted.state.value == "RUNNING", interrupted.state
+    done_before = interrupted.progress["trials"]
+    assert 3 <= done_before < RESUME_CANDIDATES, "the search ended before the kill: nothing to resume"
+    assert engine.trials(job.id) and len(engine.trials(job.id)) == done_before  # recorded as they arrived
+    engine.jobs.requeue(job.id, "driver killed mid-search (test)")
+
+    result = engine.run_job(job.id)
+
+    record = engine.jobs.get(job.id)
+    assert record.state.value == "COMPLETED", record.error
+    search = result["search"]
+    assert search["resumed"] is True and record.progress.get("resumed_from_checkpoint") is True
+    # continued, not restarted: fewer candidates evaluated than a fresh run needs, and every candidate exists
+    assert search["evaluated_this_run"] < RESUME_CANDIDATES, search
+    assert search["candidates"] == RESUME_CANDIDATES and record.progress["generation"] == RESUME_GENERATIONS
+    trials = engine.trials(job.id)
+    assert len(trials) == RESUME_CANDIDATES
+    assert sorted({t["generation"] for t in trials}) == list(range(1, RESUME_GENERATIONS + 1))
+    events = [(e.event, e.reason) for e in engine.jobs.events(job.id)]
+    assert ("interrupted", "driver killed mid-search (test)") in events and ("replayed", None) in events, events
+
+
+def _latest_snapshot_mtime(experiment: Path) -> float:
+    return max((state.stat().st_mtime for state in experiment.glob("experiment_state-*.json")), default=0.0)
