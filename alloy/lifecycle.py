@@ -612,12 +612,14 @@ def read_local_state(data_dir: Path) -> dict[str, Any] | None:
 
 
 def pid_alive(pid: int | None) -> bool:
+    """Whether the process runs; a zombie (exited, not yet reaped by its parent) does not."""
+    import psutil
+
     if not pid:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    return True
