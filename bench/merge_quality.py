@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="dev,test", help="comma-separated; the first selects, the last reports")
     parser.add_argument("--lambdas", default="0.3,0.4,0.5,0.7,1.0")
     parser.add_argument("--densities", default="0.2,0.5")
-    parser.add_argument("--ties-lambdas", default="0.7,1.0,1.5")  # TIES keeps a disjoint mean: its best λ is > 1
+    parser.add_argument("--ties-lambdas", default="0.7,1.0,1.5")  # a disjoint mean: the best λ can exceed 1
     parser.add_argument("--dare-drop", type=float, default=0.9)
     parser.add_argument("--dare-lambdas", default="0.3,0.5")
     parser.add_argument("--batch-size", type=int, default=64)
