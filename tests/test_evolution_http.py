@@ -142,7 +142,7 @@ def test_pbt_exploit_never_needs_a_donor_checkpoint(alloy_service, completed_evo
     Not asserted: one checkpoint folder per candidate. Tune 2.60 may restart a trial whose newest checkpoint it has
     not registered yet (the trial whose result triggered the synchronous PBT round) with a stale checkpoint index,
     and that trial's next checkpoint then overwrites its own newest folder. The old test counted folders and
-    failed when that timing occurred (15 folders for 16 candidates in one of four runs under load)."""
+    failed when that timing occurred (15 folders for 16 candidates in two of four runs under load)."""
     import ray.cloudpickle
 
     trials = alloy_service.client("read").get(completed_evolution.final["trials_url"]).json()["trials"]
