@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+import uuid
+
 import pytest
 from click.testing import CliRunner
 
@@ -79,3 +83,120 @@ def test_merges_still_work_after_a_reload(alloy_service, served_models):
     assert accepted.status_code == 202, accepted.text
     assert accepted.json()["progress_url"].startswith(alloy_service.base_url)
     assert alloy_service.wait_job(accepted.json()["progress_url"])["state"] == "COMPLETED"
+
+
+# --- the cluster-state gate and reload/drain under load -------------------------------------------------------
+
+GATE_TTL_S = 1.2  # the ingress reads the state at most once a second (CachedClusterState)
+MAX_LOAD_MERGES = 4  # enough to overlap the reloads; each must finish afterwards
+
+
+def _cluster_store(alloy_service):
+    from alloy.cluster_state import ClusterStateStore
+    from alloy.db import Database
+
+    return ClusterStateStore(Database(alloy_service.database_url))
+
+
+def _merge_body(output: str) -> dict:
+    return {"models": ["tune1", "tune2"], "strategy": "slerp", "parameters": {"t": 0.5}, "output_model_id": output}
+
+
+def test_the_gate_answers_503_before_ready_and_refuses_submissions_while_draining(alloy_service, served_models):
+    from alloy.cluster_state import ClusterState
+
+    store = _cluster_store(alloy_service)
+    admin = alloy_service.client("admin")
+    assert store.state() is ClusterState.READY  # the fixture's cold start ended READY
+    try:
+        store.transition(ClusterState.DRAINING)
+        time.sleep(GATE_TTL_S)
+        refused = admin.post("/merge/execute", json=_merge_body("while-draining"))
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "SERVICE_UNAVAILABLE"
+        assert refused.json()["error"]["details"] == {"cluster_state": "DRAINING", "retryable": False}
+        assert admin.get("/models/tune1").status_code == 200  # reads (progress polling) keep working
+        health = admin.get("/health")
+        assert health.status_code == 200 and health.json()["cluster_state"] == "DRAINING"  # read, never reset
+
+        store.begin_start("warm")  # a start in progress: nothing but /health and /metrics is served
+        time.sleep(GATE_TTL_S)
+        starting = admin.get("/models/tune1")
+        assert starting.status_code == 503 and starting.json()["error"]["details"]["cluster_state"] == "STARTING"
+        assert admin.get("/health").json()["cluster_state"] == "STARTING"
+        assert 'alloy_cluster_state{state="STARTING"} 1.0' in admin.get("/metrics").text
+    finally:
+        if store.state() is not ClusterState.STARTING:
+            store.begin_start("warm")
+        store.mark_ready()
+        time.sleep(GATE_TTL_S)
+    assert 'alloy_cluster_state{state="READY"} 1.0' in admin.get("/metrics").text
+    assert admin.post("/merge/execute", json=_merge_body("after-ready")).status_code == 202
+
+
+class _Load:
+    """Progress polls and merge submissions from threads, recording every status code."""
+
+    def __init__(self, alloy_service, job_url: str):
+        self.service, self.job_url = alloy_service, job_url
+        self.codes: list[tuple[str, int]] = []
+        self.accepted: list[str] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._poll, daemon=True) for _ in range(3)]
+        self.threads.append(threading.Thread(target=self._submit, daemon=True))
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=120)
+
+    def _poll(self) -> None:
+        client = self.service.client("read")
+        while not self.stop.is_set():
+            self.codes.append(("poll", client.get(self.job_url).status_code))
+
+    def _submit(self) -> None:
+        client = self.service.client("write")
+        while not self.stop.is_set() and len(self.accepted) < MAX_LOAD_MERGES:
+            response = client.post("/merge/execute", json=_merge_body(f"load-{uuid.uuid4().hex[:8]}"))
+            self.codes.append(("submit", response.status_code))
+            if response.status_code == 202:
+                self.accepted.append(response.json()["progress_url"])
+            time.sleep(0.5)
+
+    def server_errors(self) -> list[tuple[str, int]]:
+        return [(kind, code) for kind, code in self.codes if code >= 500]
+
+
+def test_reload_and_drain_under_load(alloy_service, served_models):
+    """Reloads and a drain request while progress polls and merge submissions run: no 5xx, every reload
+    increments the version. On this single-node cluster the drain is refused (409 CONFLICT naming why: Ray's
+    GCS DrainNode cannot drain the head node and there is no worker node), and nothing else changes."""
+    admin = alloy_service.client("admin")
+    first = admin.post("/merge/execute", json=_merge_body(f"load-{uuid.uuid4().hex[:8]}"))
+    assert first.status_code == 202, first.text
+    with _Load(alloy_service, first.json()["progress_url"]) as load:
+        time.sleep(1.0)
+        versions = []
+        for _ in range(3):
+            reloaded = admin.post("/admin/reload")
+            assert reloaded.status_code == 200, reloaded.text
+            versions.append(reloaded.json()["config_version"])
+            time.sleep(0.5)
+        drained = admin.post("/admin/drain", json={"reason": "maintenance"})
+        time.sleep(1.0)
+    assert versions == sorted(versions) and len(set(versions)) == 3 and versions[1] == versions[0] + 1
+    assert admin.get("/health").json()["config_version"] >= versions[-1]
+    assert drained.status_code == 409, drained.text
+    assert drained.json()["error"]["code"] == "CONFLICT"
+    assert "head node cannot be drained" in drained.json()["error"]["message"]
+    assert admin.get("/health").json()["draining_nodes"] == []
+    assert not load.server_errors(), load.server_errors()
+    assert {kind for kind, _ in load.codes} == {"poll", "submit"} and load.accepted
+    for url in load.accepted:  # every merge accepted under load finishes
+        assert alloy_service.wait_job(url)["state"] == "COMPLETED"
