@@ -32,7 +32,7 @@ MAX_TOKENS = 64
 SPLIT_SIZES = {"train": 192, "dev": 16, "test": 16}
 FINETUNE_DOMAINS = ("german", "code")
 TOP_LAYERS = 4
-FINETUNE_STEPS = 40
+FINETUNE_STEPS = 30
 FINETUNE_LR = 3e-4
 MIN_GAIN = 0.05  # relative dev-perplexity improvement a fine-tune must show to be kept
 ENGLISH_COLLECTIONS = ("wisdom", "people", "literature", "art", "education", "men-women")
@@ -102,6 +102,11 @@ def convert_gguf(out_dir: Path):
     gguf = pretrained_causal_lm_gguf()
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # transformers dequantises GGUF weights to fp32 on load but still marks the model as GGUF-quantised, which
+    # save_pretrained refuses; the weights in memory are plain fp32, so drop the marker.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.eval()
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(out_dir))
