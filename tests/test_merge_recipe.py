@@ -122,3 +122,13 @@ def test_unusable_recipe_files(text, code):
     with pytest.raises(AlloyError) as info:
         load_recipe_yaml(text)
     assert info.value.code is code
+
+
+def test_slerp_model_count_error_says_exactly_two():
+    from alloy.errors import AlloyError
+    from alloy.merge.recipe import MergeRecipe, ModelRef, validate_recipe
+
+    recipe = MergeRecipe(strategy="slerp", models=[ModelRef(model=m) for m in ("a", "b", "c")], parameters={"t": 0.5})
+    with pytest.raises(AlloyError) as caught:
+        validate_recipe(recipe)
+    assert "slerp takes exactly 2 models (base model included), got 3" in caught.value.message

@@ -152,10 +152,12 @@ def validate_recipe(recipe: MergeRecipe) -> MergeRecipe:
     ids = recipe.model_ids
     if len(set(ids)) != len(ids):
         raise AlloyError(ErrorCode.VALIDATION_FAILED, "a model is listed twice", {"field": "models"})
-    if not spec.min_models <= len(ids) <= min(spec.max_models, MAX_MODELS):
+    most = min(spec.max_models, MAX_MODELS)
+    if not spec.min_models <= len(ids) <= most:
+        wanted = f"exactly {most}" if spec.min_models == most else f"{spec.min_models} to {most}"
         raise AlloyError(
             ErrorCode.VALIDATION_FAILED,
-            f"{recipe.strategy} takes {spec.min_models} to {min(spec.max_models, MAX_MODELS)} models, got {len(ids)}",
+            f"{recipe.strategy} takes {wanted} models (base model included), got {len(ids)}",
             {"field": "models", "count": len(ids)})
     if recipe.strategy == "franken_merge":
         _validate_slices(recipe)
