@@ -442,8 +442,9 @@ def build_and_register_demo_zoo(settings) -> dict[str, list[str]]:
     from alloy.db import Database
     from alloy.registry.datasets import DatasetRegistry
     from alloy.registry.models import ModelRegistry
-    from alloy.zoo.presets import build_preset, register_preset
+    from alloy.zoo.presets import build_preset, quiet_build_output, register_preset
 
+    quiet_build_output()
     db = Database.from_settings(settings)
     try:
         store = ArtifactStore(settings.artifacts_uri, settings.storage_options)

@@ -21,14 +21,15 @@ def evaluate(model_dir: str, preset: str, datasets: tuple[str, ...], split: str,
     """Score MODEL_DIR on datasets of a built zoo preset and print one line per metric."""
     import torch
 
-    from alloy.cli.zoo import _data_dir, _quiet_libraries
+    from alloy.cli.zoo import _data_dir
+    from alloy.zoo.presets import quiet_build_output
     from alloy.errors import AlloyError
     from alloy.evaluation.dataset_sources import LocalDatasets
     from alloy.evaluation.loading import model_kind
     from alloy.evaluation.service import EvaluationService
     from alloy.zoo.presets import load_preset
 
-    _quiet_libraries()
+    quiet_build_output()
     torch.set_num_threads(threads)
     try:
         manifest = load_preset(preset, _data_dir(data_dir))

@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
-
-
-def _quiet_libraries() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
 
 
 def _data_dir(value: str | None) -> Path:
@@ -58,9 +48,9 @@ def build(preset: str, data_dir: str | None, seed: int, force: bool, register: b
     import torch
 
     from alloy.errors import AlloyError
-    from alloy.zoo.presets import build_preset
+    from alloy.zoo.presets import build_preset, quiet_build_output
 
-    _quiet_libraries()
+    quiet_build_output()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(threads)
     try:

@@ -24,6 +24,18 @@ PRESETS: dict[str, tuple[str, str]] = {
 }
 
 
+def quiet_build_output() -> None:
+    """Silence transformers' per-model progress bars and load reports: a build prints its own summary."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
 def preset_root(name: str, data_dir: str | Path) -> Path:
     return Path(data_dir) / "zoo" / name
 
