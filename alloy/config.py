@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from alloy.errors import AlloyError, ErrorCode
+from alloy.errors import AlloyError, ErrorCode, from_validation_error
 
 DEFAULT_CONFIG_PATH = Path("configs/alloy.yaml")
 
@@ -210,13 +210,7 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise AlloyError(
-            ErrorCode.VALIDATION_FAILED,
-            f"invalid configuration: {field}: {first['msg']}",
-            {"field": field, "errors": [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in exc.errors()]},
-        ) from None
+        raise from_validation_error(exc, "invalid configuration") from None
 
 
 class ConfigHolder:

@@ -85,6 +85,18 @@ def validation_failed(message: str, **details: Any) -> AlloyError:
     return AlloyError(ErrorCode.VALIDATION_FAILED, message, details)
 
 
+def from_validation_error(exc: Any, what: str, **details: Any) -> AlloyError:
+    """VALIDATION_FAILED for a pydantic ``ValidationError``: the message names the first bad field, the details
+    list every one (``{"field", "errors": [{"field", "message"}]}``)."""
+    errors = [{"field": ".".join(map(str, e["loc"])) or "body", "message": e["msg"]} for e in exc.errors()]
+    first = errors[0]
+    return AlloyError(
+        ErrorCode.VALIDATION_FAILED,
+        f"{what}: {first['field']}: {first['message']}",
+        {"field": first["field"], "errors": errors, **details},
+    )
+
+
 def model_not_found(model_id: str) -> AlloyError:
     return AlloyError(ErrorCode.MODEL_NOT_FOUND, f"model {model_id!r} is not registered", {"model_id": model_id})
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
+from alloy.errors import AlloyError, ErrorCode, from_validation_error, model_not_found, validation_failed
 from alloy.evaluation.candidate import CandidateEvaluator, prepare_for_model
 from alloy.evaluation.dataset_sources import DatasetSource, RegistryDatasets
 from alloy.evaluation.loaded_model_cache import LoadedModelCache
@@ -54,11 +54,7 @@ def parse_request(request: dict[str, Any]) -> EvaluationRequest:
     try:
         return EvaluationRequest.model_validate(request)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise validation_failed(
-            f"invalid evaluation request: {'.'.join(map(str, first['loc']))}: {first['msg']}",
-            field=".".join(map(str, first["loc"])),
-        ) from None
+        raise from_validation_error(exc, "invalid evaluation request") from None
 
 
 class EvaluationService:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
-from alloy.errors import validation_failed
+from alloy.errors import from_validation_error, validation_failed
 
 
 class PerplexityTask(BaseModel):
@@ -87,11 +87,7 @@ def parse_task(task: dict[str, Any] | None, dataset_id: str = "") -> PerplexityT
     try:
         return _ADAPTER.validate_python(task)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise validation_failed(
-            f"dataset {dataset_id!r} has an invalid task: {'.'.join(map(str, first['loc']))}: {first['msg']}",
-            dataset_id=dataset_id,
-        ) from None
+        raise from_validation_error(exc, f"dataset {dataset_id!r} has an invalid task", dataset_id=dataset_id) from None
 
 
 def higher_is_better(metric: str) -> bool:

@@ -23,7 +23,7 @@ from alloy.db import Database, Page
 from alloy.db.models import DatasetRow
 from alloy.db.page import check_paging
 from alloy.db.types import utcnow
-from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
+from alloy.errors import AlloyError, ErrorCode, from_validation_error, not_found, validation_failed
 from alloy.registry.ids import check_id
 
 DATASETS_PREFIX = "datasets"
@@ -154,7 +154,7 @@ class DatasetRegistry:
         try:
             parsed = DatasetTask.model_validate(task)
         except ValidationError as exc:
-            raise validation_failed(f"invalid dataset task: {exc.errors()[0]['msg']}", task=task) from None
+            raise from_validation_error(exc, "invalid dataset task", task=task) from None
         if parsed.type == "classification" and not parsed.label_field:
             raise validation_failed("a classification task needs label_field", task=task)
         for role in ("text_field", "label_field"):
