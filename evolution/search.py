@@ -45,7 +45,21 @@ class GenomeExplorer:
 class GenomePBT(PopulationBasedTraining):
     """PBT whose exploit also hands the donor's lineage (its last candidate and generation) to the recipient
     through the config, taken from the donor's last reported *result*: the recipient then needs nothing from
-    the donor's checkpoint files, which Tune may already have rotated away."""
+    the donor's checkpoint files, which Tune may already have rotated away. It also keeps the synchronous
+    barrier ahead of the restored trials after ``Tuner.restore`` (see ``on_trial_result``)."""
+
+    def on_trial_result(self, tune_controller, trial, result):
+        barrier = self._next_perturbation_sync
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if self._synch and self._next_perturbation_sync != barrier:
+            # A synchronous round just ran. Ray sets the next barrier to max(previous + interval, newest train
+            # time). After Tuner.restore the scheduler starts fresh (previous = its initial value) while the
+            # restored trials are already at generation g, so the barrier becomes g itself: no paused trial is
+            # "before the barrier", none is ever resumed, and the run hangs with every trial PAUSED. The next
+            # barrier lies one interval beyond the newest train time (the same value in an uninterrupted run).
+            newest = max(state.last_train_time for state in self._trial_state.values())
+            self._next_perturbation_sync = max(self._next_perturbation_sync, newest + self._perturbation_interval)
+        return decision
 
     def _get_new_config(self, trial, trial_to_clone):
         new_config, operations = super()._get_new_config(trial, trial_to_clone)
@@ -86,11 +100,11 @@ def is_cancelled(run_name: str) -> bool:
 class EvolutionStopper(Stopper):
     """Stops a trial after the last generation; stops everything on the target fitness or a cancel request."""
 
-    def __init__(self, run_name: str, generations: int, target_fitness: float | None, poll_s: float = 2.0):
+    def __init__(self, run_name: str, generations: int, target_fitness: float | None, poll_s: float = 0.5):
         self.run_name = run_name
         self.generations = generations
         self.target_fitness = target_fitness
-        self.poll_s = poll_s
+        self.poll_s = poll_s  # a cancel check is one JobStore row read: cheap enough twice a second
         self._reached = False
         self._last_poll = 0.0
         self._cancelled = False

@@ -58,13 +58,14 @@ def _wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen 
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
-RESUME_GENERATIONS = 6  # a longer tiny run: room to kill it between two generations
+RESUME_GENERATIONS = 8  # a longer tiny run: room to kill it after generation 2 and before the end
 RESUME_CANDIDATES = 3 * RESUME_GENERATIONS
 
 
 def test_a_killed_evolution_resumes_from_its_tune_checkpoint(alloy_service, engine, ray_cluster, tmp_path):
     request = tiny_request("killed, then resumed")
     request["search"]["generations"] = RESUME_GENERATIONS
+    request["search"]["time_budget_s"] = 150  # a hung restore ends as a failed assertion, not a CI timeout
     job = engine.jobs.create("evolution", request, owner="resume-test")
     experiment = alloy_service.data_dir / "evolutions" / job.id
     log_path = tmp_path / "driver.log"
@@ -77,12 +78,13 @@ def test_a_killed_evolution_resumes_from_its_tune_checkpoint(alloy_service, engi
             cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
-        # Mid-search: every trial has finished generation 1 (reported with its checkpoint), and Tune has written
-        # an experiment snapshot since then.
-        _wait_for(lambda: engine.jobs.get(job.id).progress.get("trials", 0) >= 3, 240, "generation 1", driver)
-        generation_1_done = time.time()
-        _wait_for(lambda: _latest_snapshot_mtime(experiment) > generation_1_done + 0.2, 60,
-                  "a Tune snapshot after generation 1", driver)
+        # Mid-search: every trial has finished generation 2 (reported with its checkpoint), and Tune has written
+        # an experiment snapshot since then. Restored trials then start at generation >= 2, where a fresh PBT
+        # scheduler used to set its synchronous barrier *at* their generation and hang (see GenomePBT).
+        _wait_for(lambda: engine.jobs.get(job.id).progress.get("trials", 0) >= 6, 240, "generation 2", driver)
+        generation_2_done = time.time()
+        _wait_for(lambda: _latest_snapshot_mtime(experiment) > generation_2_done + 0.2, 60,
+                  "a Tune snapshot after generation 2", driver)
     except AssertionError:
         driver.kill()
         raise AssertionError(log_path.read_text(errors="replace")[-3000:]) from None
@@ -92,7 +94,7 @@ def test_a_killed_evolution_resumes_from_its_tune_checkpoint(alloy_service, engi
     interrupted = engine.jobs.get(job.id)
     assert interrupted.state.value == "RUNNING", interrupted.state
     done_before = interrupted.progress["trials"]
-    assert 3 <= done_before < RESUME_CANDIDATES, "the search ended before the kill: nothing to resume"
+    assert 6 <= done_before < RESUME_CANDIDATES, "the search ended before the kill: nothing to resume"
     assert engine.trials(job.id) and len(engine.trials(job.id)) == done_before  # recorded as they arrived
     engine.jobs.requeue(job.id, "driver killed mid-search (test)")
 
