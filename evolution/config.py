@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from alloy.errors import AlloyError, ErrorCode
+from alloy.errors import AlloyError, ErrorCode, from_validation_error
 from evolution.genome import Bounds, FrankenGenome
 
 SearchKind = Literal["pbt", "cmaes"]
@@ -83,10 +83,7 @@ def parse_spec(data: dict[str, Any]) -> EvolutionSpec:
     try:
         return EvolutionSpec.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "body"
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"invalid evolution: {field}: {first['msg']}",
-                         {"field": field}) from None
+        raise from_validation_error(exc, "invalid evolution") from None
 
 
 def load_spec_file(path: str | Path) -> EvolutionSpec:
