@@ -176,6 +176,8 @@ class MergeJobRunner:
                          "parameters": recipe.parameters},
             )
             registered = request.output_model_id
+            # Scratch goes before COMPLETED, so that a completed job never leaves anything behind it.
+            shutil.rmtree(out_dir, ignore_errors=True)
             return self.jobs.complete(job_id, {
                 "model_id": record.id, "evaluation": evaluation, **result,
             })

@@ -174,3 +174,19 @@ def test_a_job_requeued_while_its_runner_goes_on_stays_requeued_and_replays(worl
 
     replayed = world["runner"].run(job_id)
     assert replayed.state is JobState.COMPLETED and replayed.result["model_id"] == "moved"
+
+
+def test_the_scratch_folder_is_gone_by_the_time_the_job_reads_completed(world):
+    """A client (or the recovery check) that sees COMPLETED must find nothing left behind."""
+    seen_at_completion: list[list[Path]] = []
+
+    class ObservingJobStore(JobStore):
+        def complete(self, job_id, result):
+            seen_at_completion.append(leftovers(world))
+            return super().complete(job_id, result)
+
+    runner = MergeJobRunner(ObservingJobStore(world["db"]), world["registry"], world["tmp"] / "work", heartbeat_s=0.2)
+    record = runner.run(submit(world, ties_request("tidy")))
+
+    assert record.state is JobState.COMPLETED
+    assert seen_at_completion == [[]]
