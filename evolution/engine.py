@@ -30,7 +30,7 @@ from evolution.tracking import Candidate, ProgressSummary, RecordingSink
 
 log = logging.getLogger(__name__)
 
-CANCELLED = "CANCELLED"
+CANCELLED = ErrorCode.CANCELLED.value
 EXPERIMENT_KIND = "evolution"
 
 
