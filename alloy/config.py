@@ -60,8 +60,6 @@ class AuthSettings(BaseModel):
 class ServerSettings(BaseModel):
     public_url: str | None = Field(None, description="Base of absolute URLs; default: the request's base URL")
     max_body_bytes: int = Field(1024 * 1024, gt=0)
-    host: str = "127.0.0.1"
-    port: int = Field(8000, gt=0, lt=65536)
 
 
 class MergeSettings(BaseModel):
@@ -69,7 +67,7 @@ class MergeSettings(BaseModel):
     shard_bytes: int = Field(2 * 1024**3, gt=0)
     max_in_flight: int = Field(4, ge=1, le=64)
     cache_bytes: int = Field(2 * 1024**3, ge=0)
-    threads: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1, description="torch threads per MergeEngine replica")
 
 
 class EvaluationSettings(BaseModel):

@@ -42,8 +42,11 @@ SWEEP_INTERVAL_S = 30.0
 )
 class MergeEngineDeployment:
     def __init__(self, args: dict[str, Any]):
+        import torch
+
         self.args, self.services = open_services(args)
         settings = self.services.settings
+        torch.set_num_threads(settings.merge.threads)  # per-tensor work is already spread over merge slots
         self.runner = MergeJobRunner(
             self.services.jobs,
             self.services.models,

@@ -1,6 +1,6 @@
 """Recipe files: Alloy's own YAML and mergekit's (``mergekit-yaml recipe.yml out/``), detected automatically.
 
-A mergekit file has ``merge_method``; an Alloy file has ``strategy``. The mergekit mapping (also in docs/merge.md):
+A mergekit file has ``merge_method``; an Alloy file has ``strategy``. The mergekit mapping (also in the README, "Merging"):
 
 =================  ==========================================================================
 mergekit           Alloy
