@@ -120,7 +120,7 @@ class MergeJobRunner:
         models,  # alloy.registry.models.ModelRegistry
         work_dir: Path,
         *,
-        cache: ModelCache | None = None,
+        cache_bytes: int = 0,
         device: str = "cpu",
         shard_bytes: int | None = None,
         max_in_flight: int | None = None,
@@ -130,7 +130,7 @@ class MergeJobRunner:
         self.jobs = jobs
         self.models = models
         self.work_dir = Path(work_dir)
-        self.cache = cache or ModelCache(self._resolve, capacity_bytes=0)
+        self.cache = ModelCache(self._resolve, capacity_bytes=cache_bytes)  # input models kept across jobs
         self.device = device
         self.shard_bytes = shard_bytes
         self.max_in_flight = max_in_flight

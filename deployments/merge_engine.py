@@ -22,7 +22,6 @@ from typing import Any
 from ray import serve
 
 from alloy.merge_jobs import MergeJobRunner, sweep_orphans
-from alloy.model_cache import ModelCache
 from deployments.runtime import open_services
 
 logger = logging.getLogger("alloy.merge_engine")
@@ -56,8 +55,8 @@ class MergeEngineDeployment:
             max_in_flight=settings.merge.max_in_flight,
             evaluate=self._evaluator(),
             heartbeat_s=max(1.0, min(10.0, self.args.job_stale_after_s / 6)),
+            cache_bytes=settings.merge.cache_bytes,
         )
-        self.runner.cache = ModelCache(self.runner._resolve, settings.merge.cache_bytes)
         self._slots = threading.BoundedSemaphore(MERGES_PER_REPLICA)
         self._stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="merge-sweeper", daemon=True)
@@ -65,10 +64,8 @@ class MergeEngineDeployment:
 
     def _evaluator(self):
         """In-process evaluation of the merged folder (it is local to this replica until registered)."""
-        try:
-            from alloy.evaluation import evaluate_model_dir  # provided by the evaluation service
-        except ImportError:
-            return None
+        from alloy.evaluation import evaluate_model_dir
+
         db, datasets = self.services.db, self.services.datasets
 
         def evaluate(model_dir: Path, request) -> dict[str, Any]:

@@ -11,7 +11,6 @@ Scopes: reads need ``read``; job creation and registration need ``write``; ``/ad
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 from typing import Any
 
@@ -26,6 +25,7 @@ from deployments._calls import call
 from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context
 from serve_app.metrics import CONTENT_TYPE_LATEST, ApiMetrics, MetricsMiddleware
+from serve_app.routes_evolutions import router as evolutions_router
 
 logger = logging.getLogger("alloy.api")
 
@@ -440,10 +440,7 @@ def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
     gated = [Depends(cluster_gate)]
     for router in GATED_ROUTERS:
         app.include_router(router, dependencies=gated)
-    if importlib.util.find_spec("serve_app.routes_evolutions") is not None:
-        from serve_app.routes_evolutions import router as evolutions_router
-
-        app.include_router(evolutions_router, dependencies=gated)
+    app.include_router(evolutions_router, dependencies=gated)
     _install_cross_cutting(app, ctx, install_security)
     return app
 

@@ -2,22 +2,21 @@
 :func:`build_app` with the typed :class:`AppArgs` from the config's ``args:``.
 
 Seven component deployments, each a thin shell over a plain service, are composed with ``.bind()`` behind the
-``Ingress``. Every deployment's constructor takes the args as a plain dict first (the one contract other
-deployment modules follow). The evaluation and evolution engines are included when their modules are present.
+``Ingress``. Every deployment's constructor takes the args as a plain dict first (the one contract all
+deployment modules follow).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from pathlib import Path
 from typing import Any
 
-from ray import serve
 from ray.serve import Application
 
 from deployments.artifact_store import ArtifactStoreDeployment
 from deployments.dataset_registry import DatasetRegistryDeployment
+from deployments.evaluation_engine import EvaluationEngine
+from deployments.evolution_engine import EvolutionEngine
 from deployments.experiment_tracker import ExperimentTrackerDeployment
 from deployments.merge_engine import MergeEngineDeployment
 from deployments.model_registry import ModelRegistryDeployment
@@ -26,21 +25,9 @@ from serve_app.ingress import Ingress
 
 __all__ = ["AppArgs", "build_app"]
 
-# module, class: optional engines owned by other modules
-OPTIONAL_ENGINES = {
-    "EvaluationEngine": ("deployments.evaluation_engine", "EvaluationEngine"),
-    "EvolutionEngine": ("deployments.evolution_engine", "EvolutionEngine"),
-}
 GPU_ENGINES = ("MergeEngine", "EvaluationEngine", "EvolutionEngine")
 GPU_AUTOSCALING = {"min_replicas": 0, "initial_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 1,
                    "upscale_delay_s": 10, "downscale_delay_s": 300}
-
-
-def _optional(name: str):
-    module_name, attribute = OPTIONAL_ENGINES[name]
-    if importlib.util.find_spec(module_name) is None:
-        return None
-    return getattr(importlib.import_module(module_name), attribute)
 
 
 def _check_cluster(args: AppArgs) -> None:
@@ -83,11 +70,9 @@ def build_app(args: AppArgs) -> Application:
         "MergeEngine": MergeEngineDeployment,
         "ExperimentTracker": ExperimentTrackerDeployment,
         "ArtifactStore": ArtifactStoreDeployment,
+        "EvaluationEngine": EvaluationEngine,
+        "EvolutionEngine": EvolutionEngine,
     }
-    for name in OPTIONAL_ENGINES:
-        engine = _optional(name)
-        if engine is not None:
-            deployments[name] = engine
     if settings.profile == "gpu":
         for name in GPU_ENGINES:
             if name in deployments:
@@ -95,7 +80,6 @@ def build_app(args: AppArgs) -> Application:
                     ray_actor_options={"num_cpus": 1, "num_gpus": 1}, autoscaling_config=GPU_AUTOSCALING,
                 )
     handles = {name: deployment.bind(payload) for name, deployment in deployments.items()}
-    handles.update({name: None for name in OPTIONAL_ENGINES if name not in handles})
     return Ingress.bind(payload, handles)
 
 

@@ -12,7 +12,6 @@ from alloy.db import Database
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs import JobKind, JobState, JobStore
 from alloy.merge_jobs import MergeJobRunner, MergeRequest, sweep_orphans, validate_merge_request
-from alloy.model_cache import ModelCache
 from alloy.registry.models import ModelRegistry
 
 
@@ -29,8 +28,7 @@ def world(tmp_path, tiny_family, tiny_model_factory):
         registry.register(f"tune{index + 1}", tune)
     registry.register("gpt", tiny_model_factory("gpt2", seed=5))
     jobs = JobStore(db)
-    runner = MergeJobRunner(jobs, registry, tmp_path / "work", heartbeat_s=0.2)
-    runner.cache = ModelCache(runner._resolve, capacity_bytes=1 << 30)
+    runner = MergeJobRunner(jobs, registry, tmp_path / "work", heartbeat_s=0.2, cache_bytes=1 << 30)
     yield {"db": db, "store": store, "registry": registry, "jobs": jobs, "runner": runner, "tmp": tmp_path}
     db.close()
 
