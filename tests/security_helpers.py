@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from alloy.db import Database
 from alloy.errors import model_not_found
 from alloy.ids import ResourceId
 from alloy.keys import ApiKeyStore, Principal
+from alloy.lifecycle import pick_port_block
 from serve_app.errors import install_error_handlers
 from serve_app.security import current_principal, install_security, require_scope
 
@@ -102,13 +102,8 @@ def app_from_env() -> FastAPI:
 
 
 def free_port() -> int:
-    """A free loopback port outside the ranges this machine reserves (6379, 8000, 8265, 10002-19999)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port > 20000:
-            return port
+    """A free loopback port inside the project's range, clear of the ports this machine reserves."""
+    return pick_port_block(1)[0]
 
 
 def wait_until_up(base_url: str, timeout: float = 30.0) -> None:

@@ -4,7 +4,6 @@ failed."""
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 
@@ -13,6 +12,7 @@ from alloy.dependencies import (
     check_database, check_gpu_nodes, check_message_queue, check_object_store, masked, validate_dependencies,
 )
 from alloy.errors import AlloyError, ErrorCode
+from alloy.lifecycle import pick_port_block
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
@@ -21,15 +21,8 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 
 @pytest.fixture(scope="module")
 def closed_port() -> int:
-    """A port nothing listens on (bound then released; in 20000+ as the test port rules require)."""
-    for port in range(29500, 29600):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.fail("no closed port found")
+    """A port nothing listens on (free when picked, inside the project's port range)."""
+    return pick_port_block(1)[0]
 
 
 def test_database_select_1(database):
