@@ -6,6 +6,8 @@ into a skeleton (CandidateEvaluator), so both paths give the same number by cons
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,7 +39,7 @@ def _subset(values: Sequence, indices: Sequence[int] | None) -> list:
     return list(values) if indices is None else [values[i] for i in indices]
 
 
-class PreparedDataset:
+class PreparedDataset(ABC):
     kind: str  # "encoder" or "causal_lm": the model kind this dataset can score
     metric: str
 
@@ -45,11 +47,11 @@ class PreparedDataset:
         self.dataset_id = dataset_id
         self.split = split
 
-    def __len__(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def __len__(self) -> int: ...
 
-    def score(self, model, indices: Sequence[int] | None = None, batch_size: int = 32) -> Score:
-        raise NotImplementedError
+    @abstractmethod
+    def score(self, model, indices: Sequence[int] | None = None, batch_size: int = 32) -> Score: ...
 
 
 class PreparedPerplexity(PreparedDataset):
