@@ -7,7 +7,6 @@ into a skeleton (CandidateEvaluator), so both paths give the same number by cons
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 
