@@ -149,13 +149,14 @@ def get_evaluation(job_id: str, request: Request) -> s.JobView:
     return s.JobView.from_record(job, api_context(request).url_for_job(request, job.id))
 
 
-@evaluations_router.get("/evaluations/{job_id}/results", dependencies=_scope("read"))
-def evaluation_results(job_id: str, request: Request) -> dict[str, Any]:
+@evaluations_router.get("/evaluations/{job_id}/results", response_model=s.EvaluationResults,
+                        dependencies=_scope("read"))
+def evaluation_results(job_id: str, request: Request) -> s.EvaluationResults:
     job = _evaluation_job(request, job_id)
     if job.state is not JobState.COMPLETED:
         raise AlloyError(ErrorCode.CONFLICT, f"evaluation {job_id!r} is {job.state.value}, not COMPLETED",
                          {"job_id": job_id, "state": job.state.value})
-    return {"job_id": job.id, "results": job.result}
+    return s.EvaluationResults(job_id=job.id, **job.result)
 
 
 # --- models and datasets ------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from alloy.evaluation.results import EvalResult
 from alloy.jobs import JobKind, JobRecord, JobState
 from alloy.merge_jobs import MODEL_ID_PATTERN, EvaluateSpec, MergeRequest  # noqa: F401 - re-exported
 
@@ -147,6 +148,15 @@ class EvaluationRequest(BaseModel):
     models: list[str] = Field(min_length=1, max_length=8)
     datasets: list[str] = Field(min_length=1, max_length=16)
     split: str = "test"
+
+
+class EvaluationResults(BaseModel):
+    """What a COMPLETED evaluation job measured: one row per (model, dataset, metric)."""
+
+    job_id: str
+    experiment_id: str | None = None
+    results: list[EvalResult]
+    duration_s: float | None = None
 
 
 class ComponentHealth(BaseModel):
