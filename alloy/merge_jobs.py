@@ -9,7 +9,7 @@ the last step before COMPLETED, so a FAILED job leaves nothing registered and no
 
 Interruption: the runner owns its job only while it keeps the job's heartbeat fresh. A cancel (replica shutting
 down) requeues the job with an ``interrupted`` event; a replica that died without a word is detected later by
-:func:`sweep_orphans` from the stale heartbeat and its job is requeued the same way, then replayed.
+:func:`alloy.job_liveness.sweep_orphans` from the stale heartbeat and its job is requeued the same way, then replayed.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from alloy.errors import AlloyError, ErrorCode
+from alloy.job_liveness import JobHeartbeat
 from alloy.jobs import JobKind, JobRecord, JobState, JobStore
 from alloy.model_cache import CachedModel, ModelCache
 
@@ -156,7 +156,7 @@ class MergeJobRunner:
         with self._lock:
             self.running[job_id] = cancel
         out_dir = self.work_dir / f"{job_id}-{uuid.uuid4().hex[:8]}"
-        heartbeat = _Heartbeat(self.jobs, job_id, self.heartbeat_s)
+        heartbeat = JobHeartbeat(self.jobs, job_id, self.heartbeat_s)
         registered: str | None = None
         try:
             heartbeat.start()
@@ -355,54 +355,3 @@ def _progress_fields(event: Any) -> dict[str, Any]:
     else:
         source = {k: getattr(event, k) for k in PROGRESS_KEYS if hasattr(event, k)}
     return {k: source[k] for k in PROGRESS_KEYS if source.get(k) is not None}
-
-
-class _Heartbeat:
-    """Keeps ``progress.heartbeat_at`` fresh while a job runs, so a sweeper can tell a live owner from a lost
-    one even during long steps that report no progress (loading, evaluation)."""
-
-    def __init__(self, jobs: JobStore, job_id: str, interval_s: float):
-        self.jobs, self.job_id, self.interval_s = jobs, job_id, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.jobs.update_progress(self.job_id, heartbeat_at=datetime.now(timezone.utc).isoformat())
-            except AlloyError:
-                return  # terminal or moved by someone else: nothing left to keep alive
-
-
-# --- recovery -----------------------------------------------------------------------------------------------
-
-def sweep_orphans(jobs: JobStore, *, stale_after_s: float, running_here: set[str] = frozenset()) -> list[str]:
-    """Requeue merge jobs whose owner stopped beating (recording an ``interrupted`` event) and return every
-    job id that should be dispatched again: those, plus CREATED jobs older than ``stale_after_s`` (a dispatch
-    that was lost with its ingress). Dispatching twice is harmless: only one run wins CREATED -> PREPARING."""
-    now = datetime.now(timezone.utc)
-    horizon = now - timedelta(seconds=stale_after_s)
-    redispatch: list[str] = []
-    for job in jobs.active(kind=JobKind.MERGE):
-        if job.id in running_here:
-            continue
-        last_seen = _aware(job.updated_at)
-        if last_seen > horizon:
-            continue
-        if job.state is not JobState.CREATED:
-            try:
-                jobs.requeue(job.id, f"owner lost: no heartbeat for {(now - last_seen).total_seconds():.0f}s")
-            except AlloyError:
-                continue  # someone else moved it first
-        redispatch.append(job.id)
-    return redispatch
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

@@ -21,7 +21,9 @@ from typing import Any
 
 from ray import serve
 
-from alloy.merge_jobs import MergeJobRunner, sweep_orphans
+from alloy.job_liveness import OrphanSweeper, heartbeat_interval
+from alloy.jobs import JobKind
+from alloy.merge_jobs import MergeJobRunner
 from deployments.runtime import open_services
 
 logger = logging.getLogger("alloy.merge_engine")
@@ -54,13 +56,15 @@ class MergeEngineDeployment:
             shard_bytes=settings.merge.shard_bytes,
             max_in_flight=settings.merge.max_in_flight,
             evaluate=self._evaluator(),
-            heartbeat_s=max(1.0, min(10.0, self.args.job_stale_after_s / 6)),
+            heartbeat_s=heartbeat_interval(self.args.job_stale_after_s),
             cache_bytes=settings.merge.cache_bytes,
         )
         self._slots = threading.BoundedSemaphore(MERGES_PER_REPLICA)
-        self._stop = threading.Event()
-        self._sweeper = threading.Thread(target=self._sweep_loop, name="merge-sweeper", daemon=True)
-        self._sweeper.start()
+        self.accepted: set[str] = set()  # every job this replica holds, queued for a slot or running
+        self.sweeper = OrphanSweeper(
+            self.services.jobs, JobKind.MERGE, stale_after_s=self.args.job_stale_after_s,
+            running_here=lambda: set(self.accepted), dispatch=self._dispatch, interval_s=SWEEP_INTERVAL_S,
+        ).start()
 
     def _evaluator(self):
         """In-process evaluation of the merged folder (it is local to this replica until registered)."""
@@ -90,8 +94,12 @@ class MergeEngineDeployment:
                 logger.info("caller of merge job %s went away; the merge continues", job_id)
 
     def _run_in_slot(self, job_id: str, cancel: threading.Event):
-        with self._slots:
-            return self.runner.run(job_id, cancel)
+        self.accepted.add(job_id)  # waiting for a slot is not lost: the sweeper must not dispatch it again
+        try:
+            with self._slots:
+                return self.runner.run(job_id, cancel)
+        finally:
+            self.accepted.discard(job_id)
 
     def health(self) -> dict[str, Any]:
         return {"status": "healthy", "running_jobs": sorted(self.runner.running), "cache": self.cache_stats()}
@@ -103,27 +111,15 @@ class MergeEngineDeployment:
         return self.runner.cache.clear().model_dump()
 
     # -- recovery --------------------------------------------------------------------------------------------
-    def _sweep_loop(self) -> None:
-        while not self._stop.wait(1.0 if not hasattr(self, "_swept_once") else SWEEP_INTERVAL_S):
-            self._swept_once = True
-            try:
-                self.sweep()
-            except Exception:  # noqa: BLE001 - recovery must never take the replica down; logged
-                logger.exception("orphan sweep failed")
-
     def sweep(self) -> list[str]:
         """Requeue jobs whose owner is gone and dispatch them again through this deployment's handle."""
-        job_ids = sweep_orphans(self.services.jobs, stale_after_s=self.args.job_stale_after_s,
-                                running_here=set(self.runner.running))
-        if job_ids:
-            handle = serve.get_deployment_handle("MergeEngine", app_name=self.args.app_name)
-            for job_id in job_ids:
-                logger.warning("replaying merge job %s", job_id)
-                handle.run_job.remote(job_id)
-        return job_ids
+        return self.sweeper.sweep()
+
+    def _dispatch(self, job_id: str) -> None:
+        serve.get_deployment_handle("MergeEngine", app_name=self.args.app_name).run_job.remote(job_id)
 
     def __del__(self):
-        self._stop.set()
+        self.sweeper.stop()
         interrupted = self.runner.interrupt_all()
         deadline = time.monotonic() + 20
         while self.runner.running and time.monotonic() < deadline:

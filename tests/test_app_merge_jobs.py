@@ -11,7 +11,8 @@ from alloy.artifacts import ArtifactStore
 from alloy.db import Database
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs import JobKind, JobState, JobStore
-from alloy.merge_jobs import MergeJobRunner, MergeRequest, sweep_orphans, validate_merge_request
+from alloy.job_liveness import OrphanSweeper, sweep_orphans
+from alloy.merge_jobs import MergeJobRunner, MergeRequest, validate_merge_request
 from alloy.registry.models import ModelRegistry
 
 
@@ -108,13 +109,35 @@ def test_sweep_requeues_a_job_whose_owner_stopped_beating(world):
     world["jobs"].transition(job_id, JobState.PREPARING)
     world["jobs"].transition(job_id, JobState.RUNNING)
 
-    assert sweep_orphans(world["jobs"], stale_after_s=3600) == []  # fresh: still owned
-    assert sweep_orphans(world["jobs"], stale_after_s=0, running_here={job_id}) == []  # owned by us
-    assert sweep_orphans(world["jobs"], stale_after_s=0) == [job_id]
+    merge = JobKind.MERGE
+    assert sweep_orphans(world["jobs"], kind=merge, stale_after_s=3600) == []  # fresh: still owned
+    assert sweep_orphans(world["jobs"], kind=merge, stale_after_s=0, running_here={job_id}) == []  # owned by us
+    assert sweep_orphans(world["jobs"], kind=JobKind.EVOLUTION, stale_after_s=0) == []  # another engine's kind
+    assert sweep_orphans(world["jobs"], kind=merge, stale_after_s=0) == [job_id]
 
     events = world["jobs"].events(job_id)
     assert events[-1].event == "interrupted" and "owner lost" in events[-1].reason
     assert world["runner"].run(job_id).state is JobState.COMPLETED
+
+
+def test_the_sweeper_thread_dispatches_lost_jobs_and_leaves_its_own(world):
+    lost, own = submit(world, ties_request("lost")), submit(world, ties_request("own"))
+    for job_id in (lost, own):
+        world["jobs"].transition(job_id, JobState.PREPARING)
+        world["jobs"].transition(job_id, JobState.RUNNING)
+    dispatched = []
+    sweeper = OrphanSweeper(world["jobs"], JobKind.MERGE, stale_after_s=0, running_here=lambda: {own},
+                            dispatch=dispatched.append, interval_s=3600, first_after_s=0.01).start()
+    try:
+        deadline = threading.Event()
+        for _ in range(200):
+            if dispatched:
+                break
+            deadline.wait(0.05)
+    finally:
+        sweeper.stop()
+    assert dispatched == [lost]
+    assert world["jobs"].get(lost).state is JobState.CREATED and world["jobs"].get(own).state is JobState.RUNNING
 
 
 def test_model_cache_counts_hits_across_jobs_and_clears(world):
