@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from alloy.errors import AlloyError
-from alloy.jobs import JobKind, JobState, JobStore
+from alloy.jobs import JobKind, JobRecord, JobState, JobStore
 
 logger = logging.getLogger("alloy.job_liveness")
 
@@ -55,24 +55,25 @@ def heartbeat_interval(stale_after_s: float) -> float:
     return max(1.0, min(10.0, stale_after_s / 6))
 
 
+def silent_for_s(job: JobRecord) -> float:
+    """Seconds since the job's last write (progress, heartbeat or move)."""
+    return (datetime.now(timezone.utc) - _aware(job.updated_at)).total_seconds()
+
+
 def sweep_orphans(jobs: JobStore, *, kind: JobKind, stale_after_s: float,
                   running_here: Iterable[str] = ()) -> list[str]:
     """Requeue jobs of ``kind`` whose owner stopped beating (recording an ``interrupted`` event) and return every
     job id that should be dispatched again: those, plus CREATED jobs older than ``stale_after_s`` (a dispatch
     that was lost with its ingress)."""
-    now = datetime.now(timezone.utc)
-    horizon = now - timedelta(seconds=stale_after_s)
     here = set(running_here)
     redispatch: list[str] = []
     for job in jobs.active(kind=kind):
-        if job.id in here:
-            continue
-        last_seen = _aware(job.updated_at)
-        if last_seen > horizon:
+        silent = silent_for_s(job)
+        if job.id in here or silent < stale_after_s:
             continue
         if job.state is not JobState.CREATED:
             try:
-                jobs.requeue(job.id, f"owner lost: no heartbeat for {(now - last_seen).total_seconds():.0f}s")
+                jobs.requeue(job.id, f"owner lost: no heartbeat for {silent:.0f}s")
             except AlloyError:
                 continue  # someone else moved it first
         redispatch.append(job.id)

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from alloy.errors import AlloyError, ErrorCode, not_found
+from alloy.job_liveness import JobHeartbeat
 from evolution.config import EvolutionSpec, parse_spec
 from evolution.finalize import Finalist, finalists, lineage_of, plot_fitness
 from evolution.genome import GenomeSpace
@@ -50,8 +51,9 @@ def experiment_id_for(job_id: str) -> str:
 
 
 class EvolutionService:
-    def __init__(self, settings, *, db, jobs, tracker, models, datasets=None, store=None):
+    def __init__(self, settings, *, db, jobs, tracker, models, datasets=None, store=None, heartbeat_s: float = 5.0):
         self.settings = settings
+        self.heartbeat_s = heartbeat_s
         self.db = db
         self.jobs = jobs
         self.tracker = tracker
@@ -87,11 +89,13 @@ class EvolutionService:
         job = self.jobs.get(job_id)
         if job.state.terminal:
             return job.result or {}
-        spec = parse_spec(job.request)
+        if not self._claim(job_id):
+            return {}  # another process runs it; if that owner dies, a sweeper requeues and re-dispatches it
         set_external_cancel_check(job_id, lambda: self._cancel_requested(job_id))
+        heartbeat = JobHeartbeat(self.jobs, job_id, self.heartbeat_s)
         try:
-            if job.state == JobState.CREATED:
-                self.jobs.transition(job_id, JobState.PREPARING)
+            heartbeat.start()
+            spec = parse_spec(job.request)
             inputs = self.resolve_inputs(spec)
             space = self.genome_space(spec, inputs)
             experiment_id = self._experiment(job_id, spec, space, job.owner)
@@ -102,9 +106,8 @@ class EvolutionService:
                 summary.add(previous)
             # A replay after a forced shutdown continues the Tune experiment already on disk (Tuner.restore).
             resuming = can_resume(self.storage_path, job_id)
-            if self.jobs.get(job_id).state != JobState.RUNNING:
-                self.jobs.transition(job_id, JobState.RUNNING,
-                                     progress={**summary.progress(), "resumed_from_checkpoint": resuming})
+            self.jobs.transition(job_id, JobState.RUNNING,
+                                 progress={**summary.progress(), "resumed_from_checkpoint": resuming})
             sink = RecordingSink(job_id=job_id, experiment_id=experiment_id, tracker=self.tracker, jobs=self.jobs,
                                  summary=summary)
             outcome = run_search(
@@ -131,7 +134,20 @@ class EvolutionService:
             self._fail(job_id, exc)
             return {}
         finally:
+            heartbeat.stop()
             set_external_cancel_check(job_id, None)
+
+    def _claim(self, job_id: str) -> bool:
+        """CREATED -> PREPARING: exactly one of several dispatches of the same job wins and runs it."""
+        from alloy.jobs import JobState
+
+        try:
+            self.jobs.transition(job_id, JobState.PREPARING)
+            return True
+        except AlloyError as exc:
+            if exc.code is ErrorCode.CONFLICT:
+                return False
+            raise
 
     def cancel(self, job_id: str):
         """Ask a running evolution to stop (this process at once; another process within seconds)."""

@@ -50,6 +50,8 @@ def _view(request: Request, job: JobRecord) -> dict[str, Any]:
         "trials": progress.get("trials", 0),
         "percent": progress.get("percent", 0.0),
         "cancel_requested": bool(progress.get("cancel_requested", False)),
+        "attempts": job.attempts,  # > 0: the evolution was interrupted and replayed (it resumes its Tune run)
+        "resumed_from_checkpoint": bool(progress.get("resumed_from_checkpoint", False)),
         "trials_url": f"{_progress_url(request, job.id)}/trials",
         "result": job.result,
         "error": job.error.model_dump() if job.error else None,

@@ -188,6 +188,81 @@ def test_cancel_stops_a_running_evolution(alloy_service, completed_evolution):
     assert again.status_code == 409 and again.json()["error"]["code"] == "CONFLICT"
 
 
+def test_an_evolution_whose_engine_replica_dies_is_requeued_and_resumes(alloy_service, completed_evolution):
+    """The EvolutionEngine replica driving the search is killed outright (no shutdown hook): Serve starts a new
+    replica, whose sweeper finds the job's heartbeat stale (30 s in the test app), requeues it with an
+    ``interrupted`` event and dispatches it again; the replay continues the Tune run (Tuner.restore)."""
+    import ray
+
+    from tests.test_serve_merge import _replica_actor
+
+    client = alloy_service.client("write")
+    request = tiny_request("tiny evolution, engine replica killed")
+    request["search"]["generations"] = 6
+    accepted = client.post("/evolutions", json=request)
+    assert accepted.status_code == 202, accepted.text
+    url = accepted.json()["progress_url"]
+    experiment = alloy_service.data_dir / "evolutions" / accepted.json()["job_id"]
+    deadline = time.monotonic() + 240
+    while client.get(url).json()["trials"] < 6 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    generation_2_done = time.time()
+    while _latest_snapshot_mtime(experiment) <= generation_2_done + 0.2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # Tune's experiment snapshot (every 2 s) now holds every trial's generation-2 checkpoint
+    view = client.get(url).json()
+    assert view["state"] == "RUNNING" and 6 <= view["trials"] < 18, view
+    ray.kill(_replica_actor("EvolutionEngine"), no_restart=True)
+
+    final = poll_evolution(client, url, until=TERMINAL, timeout_s=420)[-1]
+    assert final["state"] == "COMPLETED", final["error"]
+    assert final["attempts"] >= 1 and final["resumed_from_checkpoint"] is True, final
+    search = final["result"]["search"]
+    # Continued, not restarted: the same Tune trials (a fresh run would add 18 candidates under new trial ids),
+    # each re-running at most the generation of its own checkpoint (3 trials).
+    assert search["resumed"] is True and search["candidates"] == 18, search
+    assert search["evaluated_this_run"] <= 18 - 6 + 3, search
+    assert final["generation"] == 6
+    events = _job_events(alloy_service, accepted.json()["job_id"])
+    interrupted = [e for e in events if e.event == "interrupted"]
+    assert interrupted and "owner lost" in interrupted[0].reason, events
+    assert "replayed" in [e.event for e in events]
+
+
+def test_a_cmaes_evolution_runs_end_to_end(alloy_service, completed_evolution):
+    """The CMA-ES alternative (Optuna's sampler behind Tune): population x generations candidates, each
+    generation scored on its own rotating dev batch, the winner registered and tested like a PBT winner."""
+    client = alloy_service.client("write")
+    request = tiny_request("tiny evolution, CMA-ES")
+    request["search"].update(kind="cmaes", population=4, generations=2)
+    accepted = client.post("/evolutions", json=request)
+    assert accepted.status_code == 202, accepted.text
+    final = poll_evolution(client, accepted.json()["progress_url"], until=TERMINAL)[-1]
+    assert final["state"] == "COMPLETED", final["error"]
+    result = final["result"]
+    assert result["search"]["kind"] == "cmaes" and result["search"]["candidates"] == 8, result["search"]
+    trials = client.get(final["trials_url"]).json()["trials"]
+    assert sorted(t["generation"] for t in trials) == [1] * 4 + [2] * 4
+    assert len({json.dumps(t["genome"], sort_keys=True) for t in trials}) == 8  # every candidate is new
+    lineage = client.get(f"/models/{result['model_id']}").json()["lineage"]
+    assert lineage["search"] == "cmaes" and lineage["trial_id"] in {t["trial_id"] for t in trials}
+    assert set(result["test"]["scores"]) >= {result["model_id"], *lineage["parents"]}
+
+
+def _latest_snapshot_mtime(experiment: Path) -> float:
+    return max((state.stat().st_mtime for state in experiment.glob("experiment_state-*.json")), default=0.0)
+
+
+def _job_events(alloy_service, job_id: str):
+    from alloy.db import Database
+    from alloy.jobs import JobStore
+
+    db = Database(alloy_service.database_url)
+    try:
+        return JobStore(db).events(job_id)
+    finally:
+        db.close()
+
+
 def test_post_evolutions_counts_against_the_jobs_rate_limit(alloy_service):
     from alloy.db import Database
     from alloy.keys import ApiKeyStore
