@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,7 @@ def run_search(
         space=space, scorer=scorer, generations=settings.generations, dev_batch_size=settings.dev_batch_size,
         batch_seed=settings.seed, device=device,
         ordinal_generations=settings.population if settings.kind == "cmaes" else None,
+        incarnation=uuid.uuid4().hex,
     )
     trainable = _trainable(parents, data, setup, settings)
     started = time.perf_counter()

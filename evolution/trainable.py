@@ -46,6 +46,8 @@ class TrialSetup(BaseModel):
     torch_threads: int = 1
     # CMA-ES runs one iteration per trial; its "generation" is the trial's ordinal // population.
     ordinal_generations: int | None = None
+    # Which run of the search this is (a fresh id per Tuner.fit, new after Tuner.restore): see _resume_state.
+    incarnation: str = ""
 
 
 class CandidateState(BaseModel):
@@ -55,6 +57,8 @@ class CandidateState(BaseModel):
     candidate_id: str | None = None
     generation: int = 0
     genome: Genome | None = None
+    parent_candidate: str | None = None
+    incarnation: str = ""
 
 
 def rotating_batch(generation: int, size: int, batch_size: int | None, seed: int) -> list[int] | None:
@@ -72,8 +76,9 @@ def rotating_batch(generation: int, size: int, batch_size: int | None, seed: int
     return sorted(window)
 
 
-def _resume_state(trial_id: str, config: dict[str, Any]) -> CandidateState:
-    """Where this trial continues from: its own checkpoint (resume) or the lineage in its config (exploit)."""
+def _resume_state(trial_id: str, config: dict[str, Any], incarnation: str) -> CandidateState:
+    """Where this trial continues from (the state *after which* it runs its next generation): its own checkpoint
+    (PBT resuming a paused trial, or Tuner.restore), or the lineage in its config (PBT exploit)."""
     from ray import tune
 
     lineage = CandidateState.model_validate(config.get(LINEAGE_KEY) or {})
@@ -85,9 +90,17 @@ def _resume_state(trial_id: str, config: dict[str, Any]) -> CandidateState:
             own = CandidateState.model_validate_json(open(os.path.join(folder, STATE_FILE)).read())
     except (OSError, ValueError):
         return lineage  # unreadable or gone: the config still says everything needed
-    if own.trial_id == trial_id and own.generation >= lineage.generation:
-        return own
-    return lineage
+    if own.trial_id != trial_id or own.generation < lineage.generation:
+        return lineage
+    if own.incarnation != incarnation:
+        # Written by a run that was killed: re-run the checkpoint's own generation. Tune 2.60 can reuse a
+        # registered checkpoint folder for a trial's next checkpoint (see the README, "Evolution"), so after a
+        # forced shutdown the folder the snapshot names may hold a generation whose result the killed driver
+        # never processed (never recorded). Re-running it records it; when it was recorded, the rerun
+        # (deterministic: same genome, same batch, seeded merge) replaces the record with the same values.
+        return CandidateState(trial_id=trial_id, candidate_id=own.parent_candidate,
+                              generation=own.generation - 1, genome=own.genome)
+    return own
 
 
 def rotating_batches(generation: int, sizes: dict[str, int], batch_size: int | None,
@@ -108,7 +121,7 @@ def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any
     trial_id = tune.get_context().get_trial_id()
     space = setup.space
     genome = space.validate_genome(config[GENOME_KEY])
-    state = _resume_state(trial_id, config)
+    state = _resume_state(trial_id, config, setup.incarnation)
     scorer = cached_scorer(setup.scorer, data)
     tensors = as_tensors(parents)
     recipe = space.decode(genome)
@@ -141,7 +154,8 @@ def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any
             "score_s": scored_at - merged_at,
         }
         _report(result, CandidateState(trial_id=trial_id, candidate_id=candidate_id, generation=generation,
-                                       genome=genome))
+                                       genome=genome, parent_candidate=parent_candidate,
+                                       incarnation=setup.incarnation))
         parent_candidate = candidate_id
         if setup.ordinal_generations:
             return
