@@ -13,9 +13,10 @@ What it does, with Alloy's own code throughout:
 2. the grid baselines: the best task arithmetic and the best TIES chosen on dev, reported on test — read from
    ``bench/out/<preset>.json`` (written by ``bench/merge_quality.py --json``) when it exists, else computed
    here with ``merge_state_dicts`` + ``CandidateEvaluator`` over a small grid;
-3. the overhead: wall seconds per candidate in the search (Tune scheduling, actors, checkpoints, records
-   included) vs a bare in-process ``merge_state_dicts`` + ``CandidateEvaluator.score`` of the same recipe on a
-   dev batch of the same size.
+3. the overhead: seconds of one trial slot per candidate in the search (search wall time x trials running at
+   once / candidates; Tune scheduling, PBT pauses, actors, checkpoints and records included) vs a bare
+   in-process ``merge_state_dicts`` + ``CandidateEvaluator.score`` of the same recipe on the same dev examples,
+   one thread, as each trial runs.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-GRID_TA_LAMBDAS = (0.3, 0.5, 0.7, 1.0)
-GRID_TIES = ((0.2, 0.7), (0.2, 1.0), (0.5, 1.0))  # (density, lambda)
+# The grid a careful user would sweep by hand (TIES needs lambda > 1 once most of each task vector is trimmed).
+GRID_TA_LAMBDAS = (0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.2)
+GRID_TIES = tuple((density, lam) for density in (0.2, 0.5) for lam in (0.7, 1.0, 1.5, 2.0))  # (density, lambda)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--preset", default="encoder-5task")
     parser.add_argument("--config", default=None, help="default: configs/evolve-<preset>.yaml")
     parser.add_argument("--data-dir", default=os.environ.get("ALLOY_DATA_DIR", "var"), help="where the preset is built")
+    parser.add_argument("--kind", choices=("pbt", "cmaes"), default=None, help="override search.kind")
     parser.add_argument("--population", type=int, default=None)
     parser.add_argument("--generations", type=int, default=None)
     parser.add_argument("--dev-batch-size", type=int, default=None)
@@ -64,7 +67,7 @@ def evolution_request(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.config or PROJECT_ROOT / "configs" / f"evolve-{args.preset}.yaml")
     request = yaml.safe_load(path.read_text())
     search = request.setdefault("search", {})
-    for key, value in (("population", args.population), ("generations", args.generations),
+    for key, value in (("kind", args.kind), ("population", args.population), ("generations", args.generations),
                        ("dev_batch_size", args.dev_batch_size), ("time_budget_s", args.time_budget_s),
                        ("finalists", args.finalists)):
         if value is not None:
@@ -205,6 +208,14 @@ def bare_candidate_seconds(models: Models, result: dict[str, Any], batch_size: i
     return statistics.median(timings)
 
 
+def concurrent_trials(search: dict[str, Any], cpus: int) -> int:
+    """How many trials the search ran at once: as many as fit the CPUs, at most a population (PBT) or one
+    generation (CMA-ES), at most ``max_concurrent_trials``."""
+    fit = int(cpus // search.get("cpus_per_trial", 0.5))
+    limit = search.get("max_concurrent_trials") or search.get("population", 8)
+    return max(1, min(fit, search.get("population", 8), limit))
+
+
 # ---- report ---------------------------------------------------------------------------------------------
 def table(result: dict[str, Any], grid: dict[str, dict[str, Any]], parents: list[str], base: str) -> list[tuple[str, float]]:
     scores = result["test"]["scores"]
@@ -233,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
 
     search = result["search"]
     evaluated = search["evaluated_this_run"]
-    per_candidate_s = search["search_wall_s"] / max(evaluated, 1)
+    slots = concurrent_trials(request["search"], args.cpus)
+    per_candidate_s = search["search_wall_s"] * slots / max(evaluated, 1)
     rows = table(result, grid, models.space.models, models.space.base_model)
     metric = result["test"]["metric"]
     print(f"\n## evolve bench: {args.preset}, test {metric} (held-out), {search['kind']} "
@@ -248,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
           f"evolved - best grid merge: {100 * (evolved - best_grid):+.1f} points")
     print(f"candidates: {evaluated} in {search['search_wall_s']:.0f}s of search = "
           f"{search['candidates_per_minute']:.2f} candidates/minute")
-    print(f"one candidate: {per_candidate_s:.2f}s wall in the search vs {bare_s:.2f}s bare in-memory merge + "
-          f"evaluation = orchestration overhead x{per_candidate_s / bare_s:.2f}")
+    print(f"one candidate: {per_candidate_s:.2f}s of a trial slot in the search ({slots} trials at once) vs "
+          f"{bare_s:.2f}s bare in-memory merge + evaluation = orchestration overhead x{per_candidate_s / bare_s:.2f}")
     print(f"finalize (finalists on full dev, merge to disk, register, test scores): {result['finalize_s']:.0f}s; "
           f"bench total {time.perf_counter() - bench_started:.0f}s", flush=True)
 
@@ -257,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {"preset": args.preset, "request": request, "result": result, "grid": grid,
                "table": [{"model": n, "test": v} for n, v in rows],
                "candidates_per_minute": search["candidates_per_minute"], "seconds_per_candidate": per_candidate_s,
-               "bare_candidate_s": bare_s, "overhead_ratio": per_candidate_s / bare_s}
+               "concurrent_trials": slots, "bare_candidate_s": bare_s, "overhead_ratio": per_candidate_s / bare_s}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))
     return 0

@@ -45,6 +45,10 @@ class SearchSettings(BaseModel):
     sigma: float = Field(0.1, gt=0, le=1, description="mutation step, as a fraction of each gene's range")
     resample_probability: float = Field(0.1, ge=0, le=1, description="PBT: chance a gene is redrawn uniformly")
     include_initial: bool = Field(True, description="seed the population with the genome's init values")
+    init_spread: float | None = Field(
+        None, gt=0, le=1,
+        description="start the population around the init genome (Gaussian, this fraction of each gene's range) "
+                    "instead of uniformly over the bounds; CMA-ES: its initial step size")
     dev_batch_size: int | None = Field(64, ge=1, description="examples per rotating dev batch; None: whole dev split")
     finalists: int = Field(3, ge=1, le=32, description="best distinct genomes re-scored on the whole dev split")
     cpus_per_trial: float = Field(0.5, gt=0, le=64)

@@ -158,12 +158,18 @@ class GenomeSpace(BaseModel):
         """A uniform random individual."""
         return {gene.name: rng.uniform(gene.bounds.low, gene.bounds.high) for gene in self.genes()}
 
-    def population(self, size: int, seed: int = 0, include_initial: bool = True) -> list[Genome]:
-        """``size`` starting individuals: the seed individual (when asked) plus uniform samples, reproducibly."""
+    def population(self, size: int, seed: int = 0, include_initial: bool = True,
+                   spread: float | None = None) -> list[Genome]:
+        """``size`` starting individuals, reproducibly: the seed individual (when asked) plus uniform samples, or
+        with ``spread`` Gaussian neighbours of the seed individual (``spread`` x each gene's range): a local
+        search around a known-good recipe instead of a blind one."""
         rng = random.Random(seed)
         members = [self.initial()] if include_initial else []
         while len(members) < size:
-            members.append(self.sample(rng))
+            if spread is None:
+                members.append(self.sample(rng))
+            else:
+                members.append(self.perturb(self.initial(), rng, sigma=spread, resample_probability=0.0))
         return members[:size]
 
     def perturb(self, genome: Genome, rng: random.Random, sigma: float = 0.1,

@@ -136,7 +136,8 @@ class EvolutionStopper(Stopper):
 
 
 def initial_population(space: GenomeSpace, settings: SearchSettings) -> list[dict[str, float]]:
-    return space.population(settings.population, seed=settings.seed, include_initial=settings.include_initial)
+    return space.population(settings.population, seed=settings.seed, include_initial=settings.include_initial,
+                            spread=settings.init_spread)
 
 
 def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tune.TuneConfig, dict[str, Any]]:
@@ -181,7 +182,7 @@ def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.Tun
     distributions = {f"{GENOME_KEY}/{gene.name}": optuna.distributions.FloatDistribution(gene.bounds.low, gene.bounds.high)
                      for gene in genes}
     x0 = {f"{GENOME_KEY}/{gene.name}": gene.bounds.start for gene in genes} if settings.include_initial else None
-    sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=settings.sigma * 2, popsize=settings.population,
+    sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=settings.init_spread or settings.sigma * 2, popsize=settings.population,
                                            seed=settings.seed, n_startup_trials=0,
                                            warn_independent_sampling=False)
     searcher = OptunaSearch(space=distributions, sampler=sampler, metric=METRIC, mode=MODE, seed=settings.seed)

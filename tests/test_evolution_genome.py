@@ -56,6 +56,23 @@ def test_population_is_reproducible_and_starts_from_the_seed_individual():
     assert space.initial()["lambda"] == 1.0
 
 
+def test_a_spread_population_stays_near_the_seed_individual():
+    space = ties_space()
+    seed = space.initial()
+    uniform = space.population(40, seed=1)[1:]
+    near = space.population(40, seed=1, spread=0.05)[1:]
+    assert near == space.population(40, seed=1, spread=0.05)[1:]  # reproducible too
+
+    def mean_distance(members):  # in units of each gene's range
+        genes = space.genes()
+        return sum(sum(abs(m[g.name] - seed[g.name]) / (g.bounds.high - g.bounds.low) for g in genes) / len(genes)
+                   for m in members) / len(members)
+
+    assert mean_distance(near) < 0.08 < 0.2 < mean_distance(uniform)  # E|N(0, 0.05)| = 0.04; uniform ~ 0.3
+    assert all(g.bounds.low <= m[g.name] <= g.bounds.high for m in near for g in space.genes())
+    assert len({tuple(sorted(m.items())) for m in near}) == len(near)
+
+
 @pytest.mark.parametrize("bad", [
     {"strategy": "ties", "per_model": {"lambda": [0, 1]}},  # global parameter searched per model
     {"strategy": "ties", "per_model": {"density": [0, 2]}},  # outside its legal range
