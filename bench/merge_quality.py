@@ -216,7 +216,6 @@ def run_perplexity_family(manifest: PresetManifest, base: ModelEntry, args) -> d
     """Perplexity (lower is better) of the base, its fine-tunes, merges of them, and a franken self-stack."""
     import tempfile
 
-    from alloy.evaluation.loading import load_model
     from alloy.merge.executor import execute_merge
 
     tunes = manifest.finetunes(base.model_id)

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from alloy.errors import HTTP_STATUS, AlloyError, ErrorCode
+from alloy.errors import AlloyError, ErrorCode
 
 logger = logging.getLogger("alloy.http")
 

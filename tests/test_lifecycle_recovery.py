@@ -167,7 +167,7 @@ def test_a_merge_that_died_after_registering_reruns_idempotently(recovery, datab
 
 def test_an_output_taken_by_someone_else_is_not_unregistered(recovery, database, models, tiny_family):
     jobs = JobStore(database)
-    job_id = start_job(jobs, "merge", merge_request(), "PREPARING", "RUNNING")
+    start_job(jobs, "merge", merge_request(), "PREPARING", "RUNNING")
     models.register("merged", tiny_family[1][2], lineage={"job_id": "another-job"})
     report = recovery.check()
     assert not report.interrupted_jobs[0].output_registered_by_job
