@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -103,3 +104,16 @@ def test_franken_layer_order_genome_decodes_to_slices():
         for piece in recipe.slices:
             start, end = piece.layer_range
             assert 0 <= start < end <= 4 and end - start <= 2
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("evolve-*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_evolution_config_is_a_valid_request_with_a_valid_genome(path):
+    from evolution.config import load_spec_file
+
+    spec = load_spec_file(path)
+    space = GenomeSpace(strategy=spec.strategy, models=["a", "b", "c"], base_model="base",
+                        per_model=spec.genome.per_model, global_parameters=spec.genome.global_parameters,
+                        fixed=spec.genome.fixed, layer_groups=spec.genome.layer_groups)
+    for genome in space.population(spec.search.population, seed=spec.search.seed, spread=spec.search.init_spread):
+        validate_recipe(space.decode(genome))
