@@ -35,13 +35,6 @@ class JobHeartbeat:
     def stop(self) -> None:
         self._stop.set()
 
-    def __enter__(self) -> "JobHeartbeat":
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
-
     def _beat(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:

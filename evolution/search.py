@@ -182,7 +182,8 @@ def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.Tun
     distributions = {f"{GENOME_KEY}/{gene.name}": optuna.distributions.FloatDistribution(gene.bounds.low, gene.bounds.high)
                      for gene in genes}
     x0 = {f"{GENOME_KEY}/{gene.name}": gene.bounds.start for gene in genes} if settings.include_initial else None
-    sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=settings.init_spread or settings.sigma * 2, popsize=settings.population,
+    sigma0 = settings.init_spread or settings.sigma * 2  # in Optuna's [0, 1]-scaled space: a fraction of each range
+    sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=sigma0, popsize=settings.population,
                                            seed=settings.seed, n_startup_trials=0,
                                            warn_independent_sampling=False)
     searcher = OptunaSearch(space=distributions, sampler=sampler, metric=METRIC, mode=MODE, seed=settings.seed)
