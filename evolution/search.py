@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ray import tune
-from ray.tune.schedulers import PopulationBasedTraining
+from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.stopper import Stopper
 
@@ -45,10 +45,27 @@ class GenomeExplorer:
 class GenomePBT(PopulationBasedTraining):
     """PBT whose exploit also hands the donor's lineage (its last candidate and generation) to the recipient
     through the config, taken from the donor's last reported *result*: the recipient then needs nothing from
-    the donor's checkpoint files, which Tune may already have rotated away. It also keeps the synchronous
-    barrier ahead of the restored trials after ``Tuner.restore`` (see ``on_trial_result``)."""
+    the donor's checkpoint files, which Tune may already have rotated away.
+
+    Its clock is the candidate's ``generation`` (``time_attr``), not Tune's ``training_iteration``: a restored trial
+    re-runs the generation of its checkpoint and an exploited one continues its donor's generation, so iteration
+    counts drift apart between trials while generations stay comparable. ``on_trial_result`` also keeps the
+    synchronous rounds sound after ``Tuner.restore``."""
 
     def on_trial_result(self, tune_controller, trial, result):
+        if self._synch and self._time_attr in result and self._metric in result:
+            # Tuner.restore brings the trials back at different generations (each from its own last checkpoint).
+            # A round among trials at different generations would hand a laggard a donor's later generation, and
+            # the laggard would skip the generations in between. Moving the barrier to the leading generation
+            # keeps the laggards running (PBT resumes paused trials that are before the barrier) and holds the
+            # round until every live trial is level. In an uninterrupted run every trial is level anyway.
+            generation = result[self._time_attr]
+            leading = max([generation] + [self._trial_state[t].last_train_time
+                                          for t in tune_controller.get_live_trials() if t is not trial])
+            self._next_perturbation_sync = max(self._next_perturbation_sync, leading)
+            if generation < leading:  # a laggard: record it and let it run on (Ray would start a round with it)
+                self._save_trial_state(self._trial_state[trial], generation, result, trial)
+                return TrialScheduler.CONTINUE
         barrier = self._next_perturbation_sync
         decision = super().on_trial_result(tune_controller, trial, result)
         if self._synch and self._next_perturbation_sync != barrier:
@@ -144,7 +161,7 @@ def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tun
     """The TuneConfig and param space of one search kind."""
     if settings.kind == "pbt":
         scheduler = GenomePBT(
-            time_attr="training_iteration",
+            time_attr="generation",  # see GenomePBT
             perturbation_interval=1,  # one exploit/explore round per generation
             quantile_fraction=settings.quantile_fraction,
             custom_explore_fn=GenomeExplorer(space, settings.sigma, settings.resample_probability, settings.seed),
