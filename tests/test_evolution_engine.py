@@ -128,7 +128,8 @@ def test_a_killed_evolution_resumes_from_its_tune_checkpoint(alloy_service, engi
     # continued, not restarted: fewer candidates evaluated than a fresh run needs, and every candidate exists
     assert search["evaluated_this_run"] < RESUME_CANDIDATES, search
     # Every candidate exactly once: a restored trial re-runs the generation of its own checkpoint, which Tune may
-    # have filled with a generation the killed driver never recorded (see evolution.trainable._resume_state).
+    # have filled with a generation the killed driver never recorded (evolution.trainable._resume_state), and no
+    # PBT round runs among restored trials at different generations (evolution.search.GenomePBT).
     assert search["candidates"] == RESUME_CANDIDATES, search
     assert record.progress["generation"] == RESUME_GENERATIONS, search
     trials = engine.trials(job.id)
