@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from alloy.errors import AlloyError, ErrorCode, not_found
 from alloy.job_liveness import JobHeartbeat
+from alloy.jobs import JobState
 from evolution.config import EvolutionSpec, parse_spec
 from evolution.finalize import Finalist, finalists, lineage_of, plot_fitness
 from evolution.genome import GenomeSpace
@@ -84,8 +85,6 @@ class EvolutionService:
     # ---- the job ------------------------------------------------------------------------------------------
     def run_job(self, job_id: str) -> dict[str, Any]:
         """Run (or resume) one evolution job to its end; returns the job's result (empty when it failed)."""
-        from alloy.jobs import JobState
-
         job = self.jobs.get(job_id)
         if job.state.terminal:
             return job.result or {}
@@ -139,8 +138,6 @@ class EvolutionService:
 
     def _claim(self, job_id: str) -> bool:
         """CREATED -> PREPARING: exactly one of several dispatches of the same job wins and runs it."""
-        from alloy.jobs import JobState
-
         try:
             self.jobs.transition(job_id, JobState.PREPARING)
             return True
@@ -151,8 +148,6 @@ class EvolutionService:
 
     def cancel(self, job_id: str):
         """Ask a running evolution to stop (this process at once; another process within seconds)."""
-        from alloy.jobs import JobState
-
         job = self.jobs.get(job_id)
         if job.state.terminal:
             raise AlloyError(ErrorCode.CONFLICT, f"evolution {job_id!r} already ended ({job.state.value})",
