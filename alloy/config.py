@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -123,6 +124,16 @@ class Settings(BaseSettings):
         return self.artifacts.uri or str((self.data_dir / "artifacts").resolve())
 
     @property
+    def merge_work_dir(self) -> Path:
+        """Where MergeEngine replicas write merge outputs before registering them (partial outputs live here)."""
+        return (self.data_dir / "work" / "merges").resolve()
+
+    @property
+    def evolution_dir(self) -> Path:
+        """Tune experiments (checkpoints for resume), finalist merges and fitness plots of evolution jobs."""
+        return (self.data_dir / "evolutions").resolve()
+
+    @property
     def storage_options(self) -> dict[str, Any]:
         """fsspec options for an s3:// artifact URI."""
         s3 = self.artifacts.s3
@@ -212,10 +223,16 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 class ConfigHolder:
-    """The live settings plus a version that increments on each successful reload."""
+    """The live settings plus a version that increments on each successful reload.
 
-    def __init__(self, settings: Settings | None = None, version: int = 1):
-        self._settings = settings or load_settings()
+    ``loader`` is what a reload calls (default :func:`load_settings`); the app and ``alloy start`` pass their own
+    so that the builder's ``settings`` overrides (data dir, database URL) survive a reload and only the file,
+    environment and Vault sources are re-read."""
+
+    def __init__(self, settings: Settings | None = None, version: int = 1,
+                 loader: Callable[[], Settings] = load_settings):
+        self._loader = loader
+        self._settings = settings or loader()
         self._version = version
         self._lock = threading.Lock()
 
@@ -229,7 +246,7 @@ class ConfigHolder:
 
     def reload(self) -> int:
         """Re-read every source; keep the old settings if the new ones are invalid (the error propagates)."""
-        fresh = load_settings()
+        fresh = self._loader()
         with self._lock:
             self._settings = fresh
             self._version += 1

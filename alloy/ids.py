@@ -3,7 +3,7 @@
 Resource IDs end up in URLs, database keys, artifact-store prefixes and file names, so they are held to one
 narrow rule: ``name`` or ``org/name`` (Hugging Face style), where ``name`` is 1-128 characters and ``org`` 1-31
 characters of ``A-Z a-z 0-9 . _ -``, each starting with a letter or digit, and no ``..`` anywhere. Whole ID at
-most 160 characters (``alloy.db.models.ID_LENGTH``). That excludes path traversal, absolute paths, backslashes,
+most 160 characters (``alloy.storage.db.models.ID_LENGTH``). That excludes path traversal, absolute paths, backslashes,
 whitespace, control characters and URL metacharacters by construction.
 
 Use :data:`ResourceId` in pydantic/FastAPI models (a bad ID is a 422 VALIDATION_FAILED naming the field) and

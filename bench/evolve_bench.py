@@ -93,7 +93,7 @@ def bench_service(args: argparse.Namespace):
 def run_evolution(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], Any]:
     import ray
 
-    from alloy.lifecycle import start_ray_head, stop_ray_head
+    from alloy.control.ray_head import start_ray_head, stop_ray_head
 
     head = None
     if args.address is None:

@@ -79,11 +79,12 @@ def main() -> None:
     import ray
 
     from alloy.config import load_settings
-    from alloy.db import Database
-    from alloy.jobs import JobKind, JobStore
-    from alloy.keys import ApiKeyStore
-    from alloy.lifecycle import (deploy_serve_config, load_serve_config, pick_port_block, start_ray_head,
-                                 stop_ray_head, wait_http_ready)
+    from alloy.storage.db import Database
+    from alloy.jobs.store import JobKind, JobStore
+    from alloy.storage.keys import ApiKeyStore
+    from alloy.control.ports import pick_port_block
+    from alloy.control.ray_head import start_ray_head, stop_ray_head
+    from alloy.control.serve_deploy import deploy_serve_config, load_serve_config, wait_http_ready
 
     data_dir = Path(tempfile.mkdtemp(prefix="alloy-bench-"))
     settings = load_settings(data_dir=str(data_dir))

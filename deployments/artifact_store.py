@@ -1,4 +1,4 @@
-"""ArtifactStore deployment: a thin shell over :class:`alloy.artifacts.ArtifactStore`; downloads are streamed
+"""ArtifactStore deployment: a thin shell over :class:`alloy.storage.artifacts.ArtifactStore`; downloads are streamed
 through the handle in chunks so no artifact is ever held whole in the ingress."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Any
 
 from ray import serve
 
-from alloy.job_liveness import OrphanSweeper, heartbeat_interval
-from alloy.jobs import JobKind
+from alloy.jobs.liveness import OrphanSweeper, heartbeat_interval
+from alloy.jobs.store import JobKind
 from deployments.runtime import open_services
 
 logger = logging.getLogger("alloy.evolution_engine")

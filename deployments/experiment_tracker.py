@@ -1,4 +1,4 @@
-"""ExperimentTracker deployment: a thin shell over :class:`alloy.tracker.ExperimentTracker`.
+"""ExperimentTracker deployment: a thin shell over :class:`alloy.storage.tracker.ExperimentTracker`.
 
 Its buffers are flushed on graceful shutdown (``__del__`` runs after Serve drained the replica), which is the
 spec's shutdown step 3.
@@ -13,7 +13,7 @@ from ray import serve
 
 from deployments.runtime import open_services
 
-logger = logging.getLogger("alloy.tracker")
+logger = logging.getLogger("alloy.storage.tracker")
 
 
 @serve.deployment(name="ExperimentTracker", max_ongoing_requests=32, ray_actor_options={"num_cpus": 0.1})

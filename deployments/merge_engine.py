@@ -21,9 +21,9 @@ from typing import Any
 
 from ray import serve
 
-from alloy.job_liveness import OrphanSweeper, heartbeat_interval
-from alloy.jobs import JobKind
-from alloy.merge_jobs import MergeJobRunner
+from alloy.jobs.liveness import OrphanSweeper, heartbeat_interval
+from alloy.jobs.store import JobKind
+from alloy.jobs.merge import MergeJobRunner
 from deployments.runtime import open_services
 
 logger = logging.getLogger("alloy.merge_engine")

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from alloy.components import APP_NAME
 from alloy.config import Settings, load_settings
 
-APP_NAME = "alloy"
 
 
 class AppArgs(BaseModel):
@@ -55,7 +55,7 @@ class Services:
 
     @cached_property
     def db(self):
-        from alloy.db import Database
+        from alloy.storage.db import Database
 
         db = Database.from_settings(self.settings)
         db.verify_schema()  # cold start step 3: refuse an old or newer schema with a clear message
@@ -63,13 +63,13 @@ class Services:
 
     @cached_property
     def store(self):
-        from alloy.artifacts import ArtifactStore
+        from alloy.storage.artifacts import ArtifactStore
 
         return ArtifactStore(self.settings.artifacts_uri, self.settings.storage_options)
 
     @cached_property
     def jobs(self):
-        from alloy.jobs import JobStore
+        from alloy.jobs.store import JobStore
 
         return JobStore(self.db)
 
@@ -88,7 +88,7 @@ class Services:
 
     @cached_property
     def tracker(self):
-        from alloy.tracker import ExperimentTracker
+        from alloy.storage.tracker import ExperimentTracker
 
         return ExperimentTracker(self.db)
 

@@ -19,8 +19,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from alloy.errors import AlloyError, ErrorCode, not_found
-from alloy.job_liveness import JobHeartbeat
-from alloy.jobs import JobState
+from alloy.jobs.liveness import JobHeartbeat
+from alloy.jobs.store import JobState
 from evolution.config import EvolutionSpec, parse_spec
 from evolution.finalize import Finalist, finalists, lineage_of, plot_fitness
 from evolution.genome import GenomeSpace
@@ -65,12 +65,12 @@ class EvolutionService:
 
     @classmethod
     def from_settings(cls, settings) -> "EvolutionService":
-        from alloy.artifacts import ArtifactStore
-        from alloy.db import Database
-        from alloy.jobs import JobStore
+        from alloy.storage.artifacts import ArtifactStore
+        from alloy.storage.db import Database
+        from alloy.jobs.store import JobStore
         from alloy.registry.datasets import DatasetRegistry
         from alloy.registry.models import ModelRegistry
-        from alloy.tracker import ExperimentTracker
+        from alloy.storage.tracker import ExperimentTracker
 
         db = Database.from_settings(settings)
         store = ArtifactStore.from_settings(settings)
@@ -80,7 +80,7 @@ class EvolutionService:
 
     @property
     def storage_path(self) -> Path:
-        return (Path(self.settings.data_dir) / "evolutions").resolve()
+        return self.settings.evolution_dir
 
     # ---- the job ------------------------------------------------------------------------------------------
     def run_job(self, job_id: str) -> dict[str, Any]:

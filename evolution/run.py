@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from alloy.config import load_settings
-    from alloy.job_liveness import silent_for_s
-    from alloy.jobs import JobKind, JobState
+    from alloy.jobs.liveness import silent_for_s
+    from alloy.jobs.store import JobKind, JobState
     from evolution.config import load_spec_file
     from evolution.engine import EvolutionService
 

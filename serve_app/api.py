@@ -17,10 +17,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from alloy.cluster_state import ClusterStateStore
+from alloy import components as c
+from alloy.cluster.state import ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode, not_found
-from alloy.jobs import JobKind, JobState
-from alloy.merge_jobs import active_merge_outputs, check_merge_inputs
+from alloy.jobs.store import JobKind, JobState
+from alloy.jobs.merge import active_merge_outputs, check_merge_inputs
 from deployments._calls import call
 from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context
@@ -29,9 +30,9 @@ from serve_app.routes_evolutions import router as evolutions_router
 
 logger = logging.getLogger("alloy.api")
 
-COMPONENTS = ("ModelRegistry", "DatasetRegistry", "MergeEngine", "EvaluationEngine", "EvolutionEngine",
-              "ExperimentTracker", "ArtifactStore")
+COMPONENTS = c.BACKENDS
 HEALTH_TIMEOUT_S = 5.0
+CACHED_ENGINES = (c.MERGE_ENGINE, c.EVALUATION_ENGINE)  # the engines with a model cache
 
 
 def _scope(name: str):
@@ -92,7 +93,7 @@ async def execute_merge(body: s.MergeRequest, request: Request, response: Respon
     ctx = api_context(request)
     ctx.require_gpu_capacity()
     recipe = body.recipe()  # INVALID_STRATEGY / VALIDATION_FAILED before touching anything
-    registry = ctx.handle("ModelRegistry")
+    registry = ctx.handle(c.MODEL_REGISTRY)
     manifests, taken = await asyncio.gather(
         call(registry, "manifests", recipe.model_ids),  # MODEL_NOT_FOUND
         call(registry, "exists", body.output_model_id),
@@ -100,9 +101,9 @@ async def execute_merge(body: s.MergeRequest, request: Request, response: Respon
     in_flight = await asyncio.to_thread(active_merge_outputs, ctx.services.jobs)
     check_merge_inputs(body, recipe, output_taken=taken or body.output_model_id in in_flight, manifests=manifests)
     if body.evaluate is not None:
-        datasets = ctx.handle("DatasetRegistry")
+        datasets = ctx.handle(c.DATASET_REGISTRY)
         await asyncio.gather(*(call(datasets, "get", d) for d in body.evaluate.datasets))
-    engine = ctx.handle("MergeEngine")
+    engine = ctx.handle(c.MERGE_ENGINE)
     job = await asyncio.to_thread(ctx.services.jobs.create, JobKind.MERGE, body.model_dump(mode="json"),
                                   _owner(request))
     # Fire and forget: the merge becomes an ongoing request of a MergeEngine replica, which owns the job from
@@ -126,8 +127,8 @@ evaluations_router = APIRouter(tags=["evaluations"])
 async def create_evaluation(body: s.EvaluationRequest, request: Request, response: Response) -> s.JobAccepted:
     ctx = api_context(request)
     ctx.require_gpu_capacity()
-    engine = ctx.handle("EvaluationEngine")
-    registry, datasets = ctx.handle("ModelRegistry"), ctx.handle("DatasetRegistry")
+    engine = ctx.handle(c.EVALUATION_ENGINE)
+    registry, datasets = ctx.handle(c.MODEL_REGISTRY), ctx.handle(c.DATASET_REGISTRY)
     await asyncio.gather(call(registry, "manifests", body.models),
                          *(call(datasets, "get", d) for d in body.datasets))
     job = await asyncio.to_thread(ctx.services.jobs.create, JobKind.EVALUATION, body.model_dump(mode="json"),
@@ -165,26 +166,26 @@ models_router = APIRouter(tags=["models"])
 
 @models_router.post("/models", status_code=201, response_model=s.ModelView, dependencies=_scope("write"))
 async def register_model(body: s.ModelRegistration, request: Request) -> s.ModelView:
-    record = await call(api_context(request).handle("ModelRegistry"), "register", body.model_id, body.source,
+    record = await call(api_context(request).handle(c.MODEL_REGISTRY), "register", body.model_id, body.source,
                         _owner(request), body.lineage, timeout_s=600)
     return s.ModelView.model_validate(_dump(record))
 
 
 @models_router.get("/models", response_model=s.PageOf[s.ModelView], dependencies=_scope("read"))
 async def list_models(request: Request, offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500)):
-    page = await call(api_context(request).handle("ModelRegistry"), "list", offset, limit)
+    page = await call(api_context(request).handle(c.MODEL_REGISTRY), "list", offset, limit)
     return _page(page, lambda r: s.ModelView.model_validate(_dump(r)))
 
 
 @models_router.get("/models/{model_id:path}", response_model=s.ModelView, dependencies=_scope("read"))
 async def get_model(model_id: str, request: Request) -> s.ModelView:
-    record = await call(api_context(request).handle("ModelRegistry"), "get", model_id)
+    record = await call(api_context(request).handle(c.MODEL_REGISTRY), "get", model_id)
     return s.ModelView.model_validate(_dump(record))
 
 
 @models_router.delete("/models/{model_id:path}", status_code=204, dependencies=_scope("write"))
 async def delete_model(model_id: str, request: Request) -> Response:
-    await call(api_context(request).handle("ModelRegistry"), "delete", model_id)
+    await call(api_context(request).handle(c.MODEL_REGISTRY), "delete", model_id)
     return Response(status_code=204)
 
 
@@ -193,26 +194,26 @@ datasets_router = APIRouter(tags=["datasets"])
 
 @datasets_router.post("/datasets", status_code=201, response_model=s.DatasetView, dependencies=_scope("write"))
 async def register_dataset(body: s.DatasetRegistration, request: Request) -> s.DatasetView:
-    record = await call(api_context(request).handle("DatasetRegistry"), "register", body.dataset_id, body.source,
+    record = await call(api_context(request).handle(c.DATASET_REGISTRY), "register", body.dataset_id, body.source,
                         body.splits, body.task, _owner(request), timeout_s=600)
     return s.DatasetView.model_validate(_dump(record))
 
 
 @datasets_router.get("/datasets", response_model=s.PageOf[s.DatasetView], dependencies=_scope("read"))
 async def list_datasets(request: Request, offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500)):
-    page = await call(api_context(request).handle("DatasetRegistry"), "list", offset, limit)
+    page = await call(api_context(request).handle(c.DATASET_REGISTRY), "list", offset, limit)
     return _page(page, lambda r: s.DatasetView.model_validate(_dump(r)))
 
 
 @datasets_router.get("/datasets/{dataset_id:path}", response_model=s.DatasetView, dependencies=_scope("read"))
 async def get_dataset(dataset_id: str, request: Request) -> s.DatasetView:
-    record = await call(api_context(request).handle("DatasetRegistry"), "get", dataset_id)
+    record = await call(api_context(request).handle(c.DATASET_REGISTRY), "get", dataset_id)
     return s.DatasetView.model_validate(_dump(record))
 
 
 @datasets_router.delete("/datasets/{dataset_id:path}", status_code=204, dependencies=_scope("write"))
 async def delete_dataset(dataset_id: str, request: Request) -> Response:
-    await call(api_context(request).handle("DatasetRegistry"), "delete", dataset_id)
+    await call(api_context(request).handle(c.DATASET_REGISTRY), "delete", dataset_id)
     return Response(status_code=204)
 
 
@@ -222,13 +223,13 @@ experiments_router = APIRouter(tags=["experiments"])
 
 @experiments_router.get("/experiments", response_model=s.PageOf[s.ExperimentView], dependencies=_scope("read"))
 async def list_experiments(request: Request, offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500)):
-    page = await call(api_context(request).handle("ExperimentTracker"), "list_experiments", offset, limit)
+    page = await call(api_context(request).handle(c.EXPERIMENT_TRACKER), "list_experiments", offset, limit)
     return _page(page, lambda r: s.ExperimentView.model_validate(_dump(r)))
 
 
 @experiments_router.get("/experiments/{experiment_id}", dependencies=_scope("read"))
 async def get_experiment(experiment_id: str, request: Request) -> dict[str, Any]:
-    return _dump(await call(api_context(request).handle("ExperimentTracker"), "get_experiment", experiment_id))
+    return _dump(await call(api_context(request).handle(c.EXPERIMENT_TRACKER), "get_experiment", experiment_id))
 
 
 artifacts_router = APIRouter(tags=["artifacts"])
@@ -243,7 +244,7 @@ def _artifact_view(ctx: ApiContext, request: Request, info: Any) -> s.ArtifactVi
 @artifacts_router.get("/artifacts", response_model=list[s.ArtifactView], dependencies=_scope("read"))
 async def list_artifacts(request: Request, prefix: str = "") -> list[s.ArtifactView]:
     ctx = api_context(request)
-    infos = await call(ctx.handle("ArtifactStore"), "list", prefix)
+    infos = await call(ctx.handle(c.ARTIFACT_STORE), "list", prefix)
     return [_artifact_view(ctx, request, info) for info in infos]
 
 
@@ -251,7 +252,7 @@ async def list_artifacts(request: Request, prefix: str = "") -> list[s.ArtifactV
                       response_class=StreamingResponse, summary="Download an artifact (streamed)")
 async def download_artifact(key: str, request: Request) -> StreamingResponse:
     ctx = api_context(request)
-    store = ctx.handle("ArtifactStore")
+    store = ctx.handle(c.ARTIFACT_STORE)
     info = await call(store, "info", key)  # NOT_FOUND before any byte is sent
     chunks = store.options(stream=True).iter_bytes.remote(key)
     name = key.rsplit("/", 1)[-1]
@@ -264,7 +265,7 @@ async def download_artifact(key: str, request: Request) -> StreamingResponse:
 @artifacts_router.get("/artifacts/{key:path}", response_model=s.ArtifactView, dependencies=_scope("read"))
 async def artifact_metadata(key: str, request: Request) -> s.ArtifactView:
     ctx = api_context(request)
-    return _artifact_view(ctx, request, await call(ctx.handle("ArtifactStore"), "info", key))
+    return _artifact_view(ctx, request, await call(ctx.handle(c.ARTIFACT_STORE), "info", key))
 
 
 # --- health, metrics, admin ---------------------------------------------------------------------------------
@@ -337,7 +338,7 @@ async def metrics(request: Request) -> Response:
     cluster = await asyncio.to_thread(_cluster_store(ctx).get)
     ctx.metrics.observe_cluster(cluster)
     ctx.metrics.config_version.set(max(cluster.config_version, ctx.config.version))
-    for name in ("MergeEngine", "EvaluationEngine"):
+    for name in CACHED_ENGINES:
         handle = ctx.handles.get(name)
         if handle is None:
             continue
@@ -376,7 +377,7 @@ async def reload_config(request: Request) -> s.ReloadView:
 @admin_router.post("/drain", response_model=s.DrainView, dependencies=_scope("admin"),
                    summary="Drain a node: no new tasks are scheduled on it, running ones finish")
 async def drain_node(body: s.DrainRequest, request: Request) -> s.DrainView:
-    from alloy.lifecycle import drain_ray_node
+    from alloy.control.nodes import drain_ray_node
 
     ctx = api_context(request)
     node_id, accepted, message = await asyncio.to_thread(drain_ray_node, body.node_id, body.reason, body.deadline_s)
@@ -391,7 +392,7 @@ async def drain_node(body: s.DrainRequest, request: Request) -> s.DrainView:
 @admin_router.post("/flush", response_model=s.FlushView, dependencies=_scope("admin"),
                    summary="Flush experiment logs (the log sequence number advances)")
 async def flush_tracker(request: Request) -> s.FlushView:
-    return s.FlushView(lsn=await call(api_context(request).handle("ExperimentTracker"), "flush"))
+    return s.FlushView(lsn=await call(api_context(request).handle(c.EXPERIMENT_TRACKER), "flush"))
 
 
 @admin_router.delete("/cache", response_model=s.CacheClearView, dependencies=_scope("admin"),
@@ -399,7 +400,7 @@ async def flush_tracker(request: Request) -> s.FlushView:
 async def clear_cache(request: Request) -> s.CacheClearView:
     ctx = api_context(request)
     cleared: dict[str, dict[str, Any]] = {}
-    for name in ("MergeEngine", "EvaluationEngine"):
+    for name in CACHED_ENGINES:
         handle = ctx.handles.get(name)
         if handle is not None:
             cleared[name] = await call(handle, "clear_cache")
@@ -452,7 +453,7 @@ def _install_cross_cutting(app: FastAPI, ctx: ApiContext, with_security: bool) -
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
     install_error_handlers(app)
     if with_security:
-        from alloy.keys import ApiKeyStore
+        from alloy.storage.keys import ApiKeyStore
         from serve_app.security import install_security
 
         install_security(app, key_store_factory=lambda: ApiKeyStore(ctx.services.db), settings=ctx.config.settings)

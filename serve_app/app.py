@@ -13,6 +13,7 @@ from typing import Any
 
 from ray.serve import Application
 
+from alloy import components as c
 from deployments.artifact_store import ArtifactStoreDeployment
 from deployments.dataset_registry import DatasetRegistryDeployment
 from deployments.evaluation_engine import EvaluationEngine
@@ -25,7 +26,7 @@ from serve_app.ingress import Ingress
 
 __all__ = ["AppArgs", "build_app"]
 
-GPU_ENGINES = ("MergeEngine", "EvaluationEngine", "EvolutionEngine")
+GPU_ENGINES = c.ENGINES
 GPU_AUTOSCALING = {"min_replicas": 0, "initial_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 1,
                    "upscale_delay_s": 10, "downscale_delay_s": 300}
 
@@ -34,7 +35,8 @@ def _check_cluster(args: AppArgs) -> None:
     """Refuse a multi-node cluster with node-local storage before anything is deployed."""
     import ray
 
-    from alloy.lifecycle import alive_ray_nodes, check_storage_for_cluster
+    from alloy.cluster.storage_rule import check_storage_for_cluster
+    from alloy.control.nodes import alive_ray_nodes
 
     if ray.is_initialized():
         check_storage_for_cluster(args.load_settings(), len(alive_ray_nodes()))
@@ -65,13 +67,13 @@ def build_app(args: AppArgs) -> Application:
     settings = args.load_settings()
     payload = args.model_dump(mode="json")
     deployments: dict[str, Any] = {
-        "ModelRegistry": ModelRegistryDeployment,
-        "DatasetRegistry": DatasetRegistryDeployment,
-        "MergeEngine": MergeEngineDeployment,
-        "ExperimentTracker": ExperimentTrackerDeployment,
-        "ArtifactStore": ArtifactStoreDeployment,
-        "EvaluationEngine": EvaluationEngine,
-        "EvolutionEngine": EvolutionEngine,
+        c.MODEL_REGISTRY: ModelRegistryDeployment,
+        c.DATASET_REGISTRY: DatasetRegistryDeployment,
+        c.MERGE_ENGINE: MergeEngineDeployment,
+        c.EXPERIMENT_TRACKER: ExperimentTrackerDeployment,
+        c.ARTIFACT_STORE: ArtifactStoreDeployment,
+        c.EVALUATION_ENGINE: EvaluationEngine,
+        c.EVOLUTION_ENGINE: EvolutionEngine,
     }
     if settings.profile == "gpu":
         for name in GPU_ENGINES:

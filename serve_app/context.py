@@ -31,7 +31,7 @@ class ApiContext:
     gpu_on_demand: bool = False
     metrics: Any = None
     gpu_probe: Callable[[], float] | None = None
-    # The 503 gate on the cluster lifecycle state (alloy.cluster_state.CachedClusterState); None lets every
+    # The 503 gate on the cluster lifecycle state (alloy.cluster.state.CachedClusterState); None lets every
     # request through (a plain FastAPI app outside the cluster, e.g. the uvicorn benchmark).
     cluster_gate: Any = None
     _gpu_cache: tuple[float, float] = (0.0, -1.0)
@@ -67,22 +67,6 @@ class ApiContext:
         if self.gpus() <= 0:
             raise AlloyError(ErrorCode.GPU_UNAVAILABLE, "the GPU profile is active but the cluster has no GPU",
                              {"profile": "gpu", "cluster_gpus": 0})
-
-
-class AppConfigHolder(ConfigHolder):
-    """Reloads through the app's own loader, so the builder's ``settings`` overrides (data dir, database URL)
-    survive a reload; only the file, environment and Vault sources are re-read."""
-
-    def __init__(self, loader: Callable[[], Any], settings: Any, version: int = 1):
-        super().__init__(settings, version)
-        self._loader = loader
-
-    def reload(self) -> int:
-        fresh = self._loader()  # an invalid config raises here: old settings and version stay
-        with self._lock:
-            self._settings = fresh
-            self._version += 1
-            return self._version
 
 
 def api_context(request: Request) -> ApiContext:

@@ -11,34 +11,32 @@ from typing import Any
 
 from ray import serve
 
+from alloy.control.nodes import cluster_gpu_count
+from alloy import components as c
 from deployments.runtime import open_services
-from serve_app.context import ApiContext, AppConfigHolder
+from alloy.config import ConfigHolder
+from serve_app.context import ApiContext
 
 
-def _cluster_gpus() -> float:
-    import ray
-
-    return float(ray.cluster_resources().get("GPU", 0))
-
-
-@serve.deployment(name="Ingress", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.1})
+@serve.deployment(name=c.INGRESS, max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.1})
 @serve.ingress()
 class Ingress:
     def __init__(self, args: dict[str, Any], handles: dict[str, Any]):
-        from alloy.cluster_state import CachedClusterState, ClusterStateStore
-        from alloy.lifecycle import alive_ray_nodes, check_storage_for_cluster
+        from alloy.cluster.state import CachedClusterState, ClusterStateStore
+        from alloy.cluster.storage_rule import check_storage_for_cluster
+        from alloy.control.nodes import alive_ray_nodes
 
         self.args, self.services = open_services(args)
         check_storage_for_cluster(self.services.settings, len(alive_ray_nodes()))
         self.services.db  # noqa: B018 - open and verify the schema now, not on the first request
         self.context = ApiContext(
-            config=AppConfigHolder(self.args.load_settings, self.services.settings),
+            config=ConfigHolder(self.services.settings, loader=self.args.load_settings),
             services=self.services,
             handles={name: h for name, h in handles.items() if h is not None},
             public_url=self.args.public_url,
             profile=self.services.settings.profile,
             gpu_on_demand=self.args.gpu_on_demand,
-            gpu_probe=_cluster_gpus,
+            gpu_probe=cluster_gpu_count,
             cluster_gate=CachedClusterState(ClusterStateStore(self.services.db), ttl_s=1.0),
         )
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 - re-exported for the route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from alloy.jobs import JobState
+from alloy.jobs.store import JobState
 
 
 class ApiMetrics:
@@ -58,9 +58,9 @@ class ApiMetrics:
         self.cache_misses.labels(component=component).set(stats.get("misses", 0))
 
     def observe_cluster(self, status: Any) -> None:
-        """The persisted cluster status (alloy.cluster_state.ClusterStatus): the one-hot state gauge and the
+        """The persisted cluster status (alloy.cluster.state.ClusterStatus): the one-hot state gauge and the
         step durations of the last start and stop."""
-        from alloy.cluster_state import state_metric_values
+        from alloy.cluster.state import state_metric_values
 
         for name, value in state_metric_values(status.state).items():
             self.cluster_state.labels(state=name).set(value)

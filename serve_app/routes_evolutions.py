@@ -11,8 +11,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from alloy import components as c
 from alloy.errors import not_found
-from alloy.jobs import JobKind, JobRecord
+from alloy.jobs.store import JobKind, JobRecord
 from evolution.config import EvolutionSpec
 from serve_app.context import api_context
 from serve_app.schemas import JobAccepted
@@ -65,9 +66,9 @@ def _view(request: Request, job: JobRecord) -> dict[str, Any]:
 async def create_evolution(body: EvolutionSpec, request: Request, response: Response) -> JobAccepted:
     ctx = api_context(request)
     ctx.require_gpu_capacity()
-    engine = ctx.handle("EvolutionEngine")
+    engine = ctx.handle(c.EVOLUTION_ENGINE)
     if body.models or body.base_model:  # explicit parents must exist before a job is accepted
-        registry = ctx.handle("ModelRegistry")
+        registry = ctx.handle(c.MODEL_REGISTRY)
         await asyncio.gather(*(registry.get.remote(m) for m in [*(body.models or []), *([body.base_model] if body.base_model else [])]))
     job = await asyncio.to_thread(ctx.services.jobs.create, JobKind.EVOLUTION, body.model_dump(mode="json"),
                                   _owner(request))
@@ -86,7 +87,7 @@ def get_evolution(job_id: str, request: Request) -> dict[str, Any]:
 @router.get("/evolutions/{job_id}/trials", dependencies=[Depends(require_scope("read"))],
             summary="Every evaluated candidate: genome, recipe, metrics, parent trial")
 def evolution_trials(job_id: str, request: Request, generation: int | None = None) -> dict[str, Any]:
-    from alloy.tracker import ExperimentTracker
+    from alloy.storage.tracker import ExperimentTracker
     from evolution.engine import EvolutionService
 
     job = _evolution(request, job_id)
@@ -100,7 +101,7 @@ def evolution_trials(job_id: str, request: Request, generation: int | None = Non
 @router.post("/evolutions/{job_id}/cancel", status_code=202, dependencies=[Depends(require_scope("write"))],
              summary="Stop a running evolution (it ends FAILED with code CANCELLED)")
 async def cancel_evolution(job_id: str, request: Request) -> dict[str, Any]:
-    from alloy.tracker import ExperimentTracker
+    from alloy.storage.tracker import ExperimentTracker
     from evolution.engine import EvolutionService
 
     _evolution(request, job_id)

@@ -8,8 +8,8 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from alloy.evaluation.results import EvalResult
-from alloy.jobs import JobKind, JobRecord, JobState
-from alloy.merge_jobs import MODEL_ID_PATTERN, EvaluateSpec, MergeRequest  # noqa: F401 - re-exported
+from alloy.jobs.store import JobKind, JobRecord, JobState
+from alloy.jobs.merge import MODEL_ID_PATTERN, EvaluateSpec, MergeRequest  # noqa: F401 - re-exported
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@
 HTTP request, in order:
 
 1. **Authenticates.** The key comes from ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` and is verified
-   against the :class:`alloy.keys.ApiKeyStore` (hashed, constant-time compare). Missing, unknown, revoked or
+   against the :class:`alloy.storage.keys.ApiKeyStore` (hashed, constant-time compare). Missing, unknown, revoked or
    expired -> 401 UNAUTHENTICATED with ``WWW-Authenticate: Bearer``. Only the API description is public
    (``/openapi.json``, ``/docs``, ``/docs/oauth2-redirect``, ``/redoc``); ``/health`` and everything else need
    a key, as the specification says every request carries one.
@@ -54,7 +54,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from alloy.config import Settings
 from alloy.errors import AlloyError, ErrorCode
-from alloy.keys import SCOPES, ApiKeyStore, Principal
+from alloy.storage.keys import SCOPES, ApiKeyStore, Principal
 from serve_app.errors import (
     STATE_REQUEST_ID,
     STATE_RESPONSE_HEADERS,

@@ -10,7 +10,8 @@ import yaml
 
 from alloy.config import Settings
 from alloy.errors import AlloyError, ErrorCode
-from alloy.lifecycle import check_storage_for_cluster, load_serve_config
+from alloy.cluster.storage_rule import check_storage_for_cluster
+from alloy.control.serve_deploy import load_serve_config
 from deployments.runtime import AppArgs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,9 +88,9 @@ def test_gpu_profile_without_gpus_answers_gpu_unavailable(ray_cluster, tmp_path)
     from serve_app.context import ApiContext
     from serve_app.ingress import _cluster_gpus
 
-    from alloy.keys import ApiKeyStore
+    from alloy.storage.keys import ApiKeyStore
 
-    from alloy.db import Database
+    from alloy.storage.db import Database
 
     settings = Settings(data_dir=tmp_path, profile="gpu")
     Database.from_settings(settings).upgrade()
@@ -108,10 +109,10 @@ def test_gpu_profile_without_gpus_answers_gpu_unavailable(ray_cluster, tmp_path)
 
 
 def test_reload_keeps_the_builders_overrides(tmp_path):
-    from serve_app.context import AppConfigHolder
+    from alloy.config import ConfigHolder
 
     args = AppArgs(settings={"data_dir": str(tmp_path), "server": {"public_url": "https://alloy.example"}})
-    holder = AppConfigHolder(args.load_settings, args.load_settings())
+    holder = ConfigHolder(args.load_settings(), loader=args.load_settings)
     assert holder.reload() == 2
     assert holder.settings.data_dir == tmp_path
     assert holder.settings.server.public_url == "https://alloy.example"

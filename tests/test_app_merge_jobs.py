@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from alloy.artifacts import ArtifactStore
-from alloy.db import Database
+from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.db import Database
 from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs import JobKind, JobState, JobStore
-from alloy.job_liveness import OrphanSweeper, sweep_orphans
-from alloy.merge_jobs import MergeJobRunner, MergeRequest, validate_merge_request
+from alloy.jobs.store import JobKind, JobState, JobStore
+from alloy.jobs.liveness import OrphanSweeper, sweep_orphans
+from alloy.jobs.merge import MergeJobRunner, MergeRequest, validate_merge_request
 from alloy.registry.models import ModelRegistry
 
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from alloy.artifacts import ArtifactCatalog, ArtifactStore
+from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
 from alloy.errors import AlloyError, ErrorCode
 
 BLOB = bytes(range(256)) * 4096  # 1 MiB
@@ -161,7 +161,7 @@ def test_killed_writer_process_leaves_nothing_visible(backend, tmp_path, request
         uri, options = server.new_uri(), server.storage_options
     script = textwrap.dedent(f"""
         import os
-        from alloy.artifacts import ArtifactStore
+        from alloy.storage.artifacts import ArtifactStore
         store = ArtifactStore({uri!r}, {options!r})
         def chunks():
             yield b"x" * 1_000_000

@@ -8,8 +8,8 @@ from alembic.runtime.migration import MigrationContext
 from click.testing import CliRunner
 from sqlalchemy import inspect, text
 
-from alloy.db import UPGRADE_COMMAND, Database
-from alloy.db.models import Base
+from alloy.storage.db import UPGRADE_COMMAND, Database
+from alloy.storage.db.models import Base
 from alloy.errors import AlloyError, ErrorCode
 
 EXPECTED_TABLES = {
@@ -61,8 +61,8 @@ def test_newer_revision_is_refused_outright(database):
 
 
 def test_session_rolls_back_on_error(database):
-    from alloy.db.models import ClusterStateRow
-    from alloy.db.types import utcnow
+    from alloy.storage.db.models import ClusterStateRow
+    from alloy.storage.db.types import utcnow
 
     with pytest.raises(RuntimeError):
         with database.session() as session:
@@ -76,8 +76,8 @@ def test_session_rolls_back_on_error(database):
 def test_timestamps_come_back_timezone_aware_utc(database):
     from datetime import timedelta, timezone
 
-    from alloy.db.models import ClusterStateRow
-    from alloy.db.types import utcnow
+    from alloy.storage.db.models import ClusterStateRow
+    from alloy.storage.db.types import utcnow
 
     moment = utcnow().astimezone(timezone(timedelta(hours=5)))
     with database.session() as session:

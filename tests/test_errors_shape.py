@@ -8,9 +8,9 @@ import logging
 import httpx
 import pytest
 
-from alloy.db import Database
+from alloy.storage.db import Database
 from alloy.errors import HTTP_STATUS, ErrorCode
-from alloy.keys import ApiKeyStore
+from alloy.storage.keys import ApiKeyStore
 from tests.security_helpers import build_test_app, make_settings, serve_in_thread
 from tests.test_security_http import assert_error
 

@@ -21,12 +21,12 @@ def tiny_zoo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(tiny_zoo, tmp_path_factory):
-    from alloy.artifacts import ArtifactStore
-    from alloy.db import Database
-    from alloy.jobs import JobStore
+    from alloy.storage.artifacts import ArtifactStore
+    from alloy.storage.db import Database
+    from alloy.jobs.store import JobStore
     from alloy.registry.datasets import DatasetRegistry
     from alloy.registry.models import ModelRegistry
-    from alloy.tracker import ExperimentTracker
+    from alloy.storage.tracker import ExperimentTracker
 
     root = tmp_path_factory.mktemp("eval-service")
     db = Database(f"sqlite:///{root / 'alloy.db'}")

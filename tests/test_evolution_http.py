@@ -253,8 +253,8 @@ def _latest_snapshot_mtime(experiment: Path) -> float:
 
 
 def _job_events(alloy_service, job_id: str):
-    from alloy.db import Database
-    from alloy.jobs import JobStore
+    from alloy.storage.db import Database
+    from alloy.jobs.store import JobStore
 
     db = Database(alloy_service.database_url)
     try:
@@ -264,8 +264,8 @@ def _job_events(alloy_service, job_id: str):
 
 
 def test_post_evolutions_counts_against_the_jobs_rate_limit(alloy_service):
-    from alloy.db import Database
-    from alloy.keys import ApiKeyStore
+    from alloy.storage.db import Database
+    from alloy.storage.keys import ApiKeyStore
 
     db = Database(alloy_service.database_url)
     try:

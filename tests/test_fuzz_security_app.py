@@ -8,8 +8,8 @@ import httpx
 import pytest
 from schemathesis import GenerationMode
 
-from alloy.db import Database
-from alloy.keys import ApiKeyStore
+from alloy.storage.db import Database
+from alloy.storage.keys import ApiKeyStore
 from tests.fuzz_helpers import check_response, fuzz_api
 from tests.security_helpers import build_test_app, make_settings, serve_in_thread
 

@@ -20,8 +20,8 @@ UNLIMITED = {"read_limit": "100000/minute", "jobs_limit": "100000/minute"}
 
 @pytest.fixture(scope="module")
 def fuzz_key(alloy_service) -> str:
-    from alloy.db import Database
-    from alloy.keys import ApiKeyStore
+    from alloy.storage.db import Database
+    from alloy.storage.keys import ApiKeyStore
 
     db = Database(alloy_service.database_url)
     try:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs import JobState, JobStore
+from alloy.jobs.store import JobState, JobStore
 
 
 @pytest.fixture

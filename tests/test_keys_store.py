@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from pydantic import SecretStr
 
 from alloy.cli.main import cli
-from alloy.db import Database
+from alloy.storage.db import Database
 from alloy.errors import AlloyError, ErrorCode
-from alloy.keys import BOOTSTRAP_KEY_ID, ApiKeyStore, Principal, parse_key
+from alloy.storage.keys import BOOTSTRAP_KEY_ID, ApiKeyStore, Principal, parse_key
 
 
 class Clock:

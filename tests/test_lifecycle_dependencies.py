@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from alloy.config import Settings
-from alloy.dependencies import (
+from alloy.cluster.dependencies import (
     check_database, check_gpu_nodes, check_message_queue, check_object_store, masked, validate_dependencies,
 )
 from alloy.errors import AlloyError, ErrorCode
-from alloy.lifecycle import pick_port_block
+from alloy.control.ports import pick_port_block
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
@@ -31,7 +31,7 @@ def test_database_select_1(database):
 
 
 def test_database_unreachable_is_named(closed_port):
-    from alloy.db import Database
+    from alloy.storage.db import Database
 
     db = Database(f"postgresql://alloy:s3cret@127.0.0.1:{closed_port}/alloy")
     check = check_database(db)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alloy.cluster_ops import apply_pool_snapshot
-from alloy.lifecycle import load_serve_config
+from alloy.control.serve_ops import apply_pool_snapshot
+from alloy.control.serve_deploy import load_serve_config
 
 SERVE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "serve.yaml"
 

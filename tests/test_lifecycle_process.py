@@ -29,11 +29,11 @@ import psutil
 import pytest
 import yaml
 
-from alloy.artifacts import ArtifactStore
-from alloy.cluster_state import ClusterState, ClusterStateStore
-from alloy.db import Database
-from alloy.jobs import JobState, JobStore
-from alloy.recovery import Recovery
+from alloy.storage.artifacts import ArtifactStore
+from alloy.cluster.state import ClusterState, ClusterStateStore
+from alloy.storage.db import Database
+from alloy.jobs.store import JobState, JobStore
+from alloy.cluster.recovery import Recovery
 from alloy.registry.models import ModelRegistry
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -116,7 +116,7 @@ class Operator:
 
     def consistency(self):
         return Recovery(self.db, self.store, models=self.models,
-                        scratch_dirs=[self.data_dir / "work" / "merges"]).check()
+                        scratch_dirs=[(self.data_dir / "work" / "merges").resolve()]).check()
 
 
 def _kill_tree(root_pid: int) -> int:
@@ -139,7 +139,7 @@ def _kill_tree(root_pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def operator(tmp_path_factory, tiny_model_factory):
-    from alloy.lifecycle import _ray_temp_dir
+    from alloy.control.local_run import _ray_temp_dir
 
     root = tmp_path_factory.mktemp("lifecycle")
     data_dir = root / "var"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from alloy.cluster_state import ClusterState, ClusterStateStore
+from alloy.cluster.state import ClusterState, ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode
-from alloy.startup import (
+from alloy.cluster.startup import (
     COLD_STEPS, StartContext, cold_start, connect_registries, dependency_validation, load_configuration,
     warm_start,
 )

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from alloy.cluster_state import (
+from alloy.cluster.state import (
     CachedClusterState, ClusterState, ClusterStateStore, LifecycleRun, StepLogEntry, state_metric_values,
 )
 from alloy.errors import AlloyError, ErrorCode

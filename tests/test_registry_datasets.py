@@ -16,7 +16,7 @@ TASK = {"type": "classification", "text_field": "text", "label_field": "label", 
 
 @pytest.fixture
 def datasets(database, tmp_path):
-    from alloy.artifacts import ArtifactStore
+    from alloy.storage.artifacts import ArtifactStore
 
     return DatasetRegistry(database, ArtifactStore(tmp_path / "artifacts"))
 

@@ -19,7 +19,7 @@ def tiny_llama(tiny_model_factory):
 
 @pytest.fixture
 def registry(database, tiny_llama, tmp_path):
-    from alloy.artifacts import ArtifactStore
+    from alloy.storage.artifacts import ArtifactStore
 
     return ModelRegistry(database, ArtifactStore(tmp_path / "artifacts"), model_roots=[tiny_llama.parent],
                          data_dir=tmp_path / "var")
@@ -149,7 +149,7 @@ def test_register_an_artifact_folder_in_place(any_store_registry, tiny_llama):
 
 
 def test_register_in_place_without_copying(database, tmp_path, tiny_llama):
-    from alloy.artifacts import ArtifactStore
+    from alloy.storage.artifacts import ArtifactStore
 
     registry = ModelRegistry(database, ArtifactStore(tmp_path / "artifacts"), model_roots=[tiny_llama.parent],
                              data_dir=tmp_path / "var")

@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 
-from alloy.db import Database
-from alloy.keys import ApiKeyStore
+from alloy.storage.db import Database
+from alloy.storage.keys import ApiKeyStore
 from tests.security_helpers import build_test_app, make_settings, serve_in_thread
 
 RATE_HEADERS = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset")

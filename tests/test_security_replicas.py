@@ -15,8 +15,8 @@ import httpx
 import pytest
 import redis
 
-from alloy.db import Database
-from alloy.keys import ApiKeyStore
+from alloy.storage.db import Database
+from alloy.storage.keys import ApiKeyStore
 from tests.security_helpers import serve_in_processes
 
 REDIS_URL = "redis://127.0.0.1:6379/11"

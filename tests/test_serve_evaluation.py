@@ -13,9 +13,9 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def tiny_zoo(alloy_service) -> dict[str, list[str]]:
     """The ``tiny`` preset built offline and registered on the session service (idempotent)."""
-    from alloy.artifacts import ArtifactStore
+    from alloy.storage.artifacts import ArtifactStore
     from alloy.config import load_settings
-    from alloy.db import Database
+    from alloy.storage.db import Database
     from alloy.registry.datasets import DatasetRegistry
     from alloy.registry.models import ModelRegistry
     from alloy.zoo.presets import build_preset, register_preset

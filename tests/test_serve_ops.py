@@ -92,8 +92,8 @@ MAX_LOAD_MERGES = 4  # enough to overlap the reloads; each must finish afterward
 
 
 def _cluster_store(alloy_service):
-    from alloy.cluster_state import ClusterStateStore
-    from alloy.db import Database
+    from alloy.cluster.state import ClusterStateStore
+    from alloy.storage.db import Database
 
     return ClusterStateStore(Database(alloy_service.database_url))
 
@@ -103,7 +103,7 @@ def _merge_body(output: str) -> dict:
 
 
 def test_the_gate_answers_503_before_ready_and_refuses_submissions_while_draining(alloy_service, served_models):
-    from alloy.cluster_state import ClusterState
+    from alloy.cluster.state import ClusterState
 
     store = _cluster_store(alloy_service)
     admin = alloy_service.client("admin")

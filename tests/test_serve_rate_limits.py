@@ -21,8 +21,8 @@ def running_ingress_replicas() -> int:
 
 
 def key_with_job_limit(alloy_service, limit: str) -> str:
-    from alloy.db import Database
-    from alloy.keys import ApiKeyStore
+    from alloy.storage.db import Database
+    from alloy.storage.keys import ApiKeyStore
 
     db = Database(alloy_service.database_url)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.tracker import ExperimentTracker
+from alloy.storage.tracker import ExperimentTracker
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import click
 
 def _database():
     from alloy.config import load_settings
-    from alloy.db import Database
+    from alloy.storage.db import Database
 
     return Database.from_settings(load_settings())
 

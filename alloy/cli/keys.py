@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 import click
 
 from alloy.errors import AlloyError
-from alloy.keys import SCOPES, ApiKeyRecord, ApiKeyStore, describe
+from alloy.storage.keys import SCOPES, ApiKeyRecord, ApiKeyStore, describe
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -21,7 +21,7 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def _store() -> ApiKeyStore:
     from alloy.config import load_settings
-    from alloy.db import Database
+    from alloy.storage.db import Database
 
     database = Database.from_settings(load_settings())
     database.verify_schema()  # an un-upgraded database names "alloy db upgrade"

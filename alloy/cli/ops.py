@@ -1,7 +1,7 @@
 """``alloy start`` / ``alloy stop`` / ``alloy status``: a local Ray cluster running the app.
 
 The orchestration is in :mod:`alloy.lifecycle` (the Ray head, the start sequence, the shutdown); the state is
-the persisted cluster state of :mod:`alloy.cluster_state`, which ``alloy status`` reads from the database.
+the persisted cluster state of :mod:`alloy.cluster.state`, which ``alloy status`` reads from the database.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def start(demo: bool, warm: bool, skip_dependency_checks: bool, config_path: str
           serve_config: str | None) -> None:
     """Start a local Ray cluster and the Alloy app (cold, or --warm); stays in the foreground until stopped
     (`alloy stop`, SIGTERM or Ctrl-C). SIGHUP reloads the configuration."""
-    from alloy.lifecycle import reload_local, start_local
+    from alloy.control.local_run import reload_local, start_local
 
     if skip_dependency_checks and not warm:
         raise click.UsageError("--skip-dependency-checks applies to a warm start only (add --warm)")
@@ -123,7 +123,7 @@ def _reload(run, reload_local) -> None:
 
 
 def _stop(run, signals: _Signals) -> int:
-    from alloy.lifecycle import StopRequest, stop_local, take_stop_request
+    from alloy.control.local_run import StopRequest, stop_local, take_stop_request
 
     if run.head.process.poll() is not None:
         click.echo("the Ray head exited on its own: forced stop", err=True)
@@ -147,7 +147,7 @@ def stop(force: bool, timeout_s: float | None) -> None:
     --force. Exits 2 when a graceful stop ran past its timeout and was forced."""
     import os
 
-    from alloy.lifecycle import StopRequest, local_settings, pid_alive, read_local_state, write_stop_request
+    from alloy.control.local_run import StopRequest, local_settings, pid_alive, read_local_state, write_stop_request
 
     settings = local_settings()
     data_dir = settings.data_dir
@@ -175,8 +175,8 @@ def stop(force: bool, timeout_s: float | None) -> None:
 
 
 def _cluster_status(settings):
-    from alloy.cluster_state import ClusterStateStore
-    from alloy.db import Database
+    from alloy.cluster.state import ClusterStateStore
+    from alloy.storage.db import Database
 
     db = Database.from_settings(settings)
     try:
@@ -192,10 +192,10 @@ def status(as_json: bool) -> None:
     its duration), the last recovery, active jobs. Reads only the database. Exits 3 unless READY."""
     import json
 
-    from alloy.cluster_state import ClusterState, ClusterStateStore
-    from alloy.db import Database
-    from alloy.jobs import JobStore
-    from alloy.lifecycle import local_settings, pid_alive, read_local_state
+    from alloy.cluster.state import ClusterState, ClusterStateStore
+    from alloy.storage.db import Database
+    from alloy.jobs.store import JobStore
+    from alloy.control.local_run import local_settings, pid_alive, read_local_state
 
     settings = local_settings()
     db = Database.from_settings(settings)

@@ -67,9 +67,9 @@ def build(preset: str, data_dir: str | None, seed: int, force: bool, register: b
 
 
 def _register(manifest) -> None:
-    from alloy.artifacts import ArtifactStore
+    from alloy.storage.artifacts import ArtifactStore
     from alloy.config import load_settings
-    from alloy.db import Database
+    from alloy.storage.db import Database
     from alloy.registry.datasets import DatasetRegistry
     from alloy.registry.models import ModelRegistry
     from alloy.zoo.presets import register_preset

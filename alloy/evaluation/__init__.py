@@ -42,7 +42,7 @@ def evaluate_model_dir(model_dir: str | Path, dataset_ids: list[str], split: str
 
     tracker = None
     if db is not None:
-        from alloy.tracker import ExperimentTracker
+        from alloy.storage.tracker import ExperimentTracker
 
         tracker = ExperimentTracker(db)
     service = EvaluationService(None, datasets, tracker, None, getattr(datasets, "store", None), cache_capacity=0)

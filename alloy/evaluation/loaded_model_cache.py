@@ -1,6 +1,6 @@
 """A small LRU of loaded models, keyed by model id (or folder), with hit/miss counters for the metrics.
 
-Distinct from :mod:`alloy.model_cache` (which resolves model ids to local folders): this one keeps the loaded
+Distinct from :mod:`alloy.storage.model_cache` (which resolves model ids to local folders): this one keeps the loaded
 torch modules and tokenizers, which take seconds to build."""
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class EvaluationService:
     # -- jobs -----------------------------------------------------------------------------------------------
     def run_job(self, job_id: str):
         """Run evaluation job ``job_id``: CREATED -> PREPARING -> RUNNING -> COMPLETED, or FAILED with a code."""
-        from alloy.jobs import JobState
+        from alloy.jobs.store import JobState
 
         job = self.jobs.get(job_id)
         if job.state.terminal:

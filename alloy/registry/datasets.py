@@ -18,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from alloy.artifacts import ArtifactCatalog, ArtifactStore
-from alloy.db import Database, Page
-from alloy.db.models import DatasetRow
-from alloy.db.page import check_paging
-from alloy.db.types import utcnow
+from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
+from alloy.storage.db import Database, Page
+from alloy.storage.db.models import DatasetRow
+from alloy.storage.db.page import check_paging
+from alloy.storage.db.types import utcnow
 from alloy.errors import AlloyError, ErrorCode, from_validation_error, not_found, validation_failed
 from alloy.registry.ids import check_id
 

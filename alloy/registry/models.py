@@ -13,11 +13,11 @@ from pydantic import BaseModel
 from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 
-from alloy.artifacts import ArtifactCatalog, ArtifactStore
-from alloy.db import Database, Page
-from alloy.db.models import ModelRow
-from alloy.db.page import check_paging
-from alloy.db.types import utcnow
+from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
+from alloy.storage.db import Database, Page
+from alloy.storage.db.models import ModelRow
+from alloy.storage.db.page import check_paging
+from alloy.storage.db.types import utcnow
 from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
 from alloy.model_manifest import PICKLE_SUFFIXES, ModelManifest, read_manifest
 from alloy.ids import confined_path

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 
 from alloy.errors import AlloyError
-from alloy.jobs import JobKind, JobRecord, JobState, JobStore
+from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
 
-logger = logging.getLogger("alloy.job_liveness")
+logger = logging.getLogger("alloy.jobs.liveness")
 
 
 class JobHeartbeat:

@@ -33,11 +33,11 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from alloy.db import Database
-from alloy.db.models import ApiKeyRow
+from alloy.storage.db import Database
+from alloy.storage.db.models import ApiKeyRow
 from alloy.errors import AlloyError, ErrorCode
 
-logger = logging.getLogger("alloy.keys")
+logger = logging.getLogger("alloy.storage.keys")
 
 KEY_PREFIX = "alloy"
 SCOPES = ("read", "write", "admin")  # ordered: each implies those before it

@@ -4,7 +4,7 @@ Revision ID: 0001
 Revises: 
 Create Date: 2026-11-22
 
-Every table of the first release. Types are spelled with plain SQLAlchemy types (not alloy.db.types) so that
+Every table of the first release. Types are spelled with plain SQLAlchemy types (not alloy.storage.db.types) so that
 this file stays valid whatever the application code later becomes.
 """
 from alembic import op
@@ -16,7 +16,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-# JSONB on PostgreSQL, JSON text on SQLite (same as alloy.db.types.PortableJSON).
+# JSONB on PostgreSQL, JSON text on SQLite (same as alloy.storage.db.types.PortableJSON).
 JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 

@@ -30,15 +30,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
-from alloy.artifacts import DIR_MANIFEST, PENDING_MARKER, STAGING, ArtifactCatalog, ArtifactStore
-from alloy.cluster_state import ClusterStateStore
-from alloy.db import Database
-from alloy.db.models import DatasetRow, ModelRow
-from alloy.db.types import utcnow
+from alloy.storage.artifacts import DIR_MANIFEST, PENDING_MARKER, STAGING, ArtifactCatalog, ArtifactStore
+from alloy.cluster.state import ClusterStateStore
+from alloy.storage.db import Database
+from alloy.storage.db.models import DatasetRow, ModelRow
+from alloy.storage.db.types import utcnow
 from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs import JobKind, JobRecord, JobState, JobStore
+from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
 
-logger = logging.getLogger("alloy.recovery")
+logger = logging.getLogger("alloy.cluster.recovery")
 
 # The store prefixes the registries own, and the table whose rows own a folder under them.
 REGISTRY_PREFIXES: dict[str, Any] = {"models": ModelRow, "datasets": DatasetRow}

@@ -5,7 +5,7 @@ handing its engine over through ``config.attributes["engine"]``; plain ``alembic
 from alembic import context
 from sqlalchemy import create_engine
 
-from alloy.db.models import Base
+from alloy.storage.db.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -25,10 +25,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from alloy.cluster_state import ClusterState, ClusterStateStore, LifecycleRun, StepLogEntry
-from alloy.db.types import utcnow
-from alloy.jobs import JobKind, JobStore
-from alloy.startup import Step, run_timed
+from alloy.cluster.state import ClusterState, ClusterStateStore, LifecycleRun, StepLogEntry
+from alloy.storage.db.types import utcnow
+from alloy.jobs.store import JobKind, JobStore
+from alloy.cluster.startup import Step, run_timed
 
 logger = logging.getLogger("alloy.lifecycle")
 

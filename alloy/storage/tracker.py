@@ -16,10 +16,10 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from alloy.db import Database, Page
-from alloy.db.models import ExperimentRecordRow, ExperimentRow, TrackerLogRow, TrialRow
-from alloy.db.page import check_paging
-from alloy.db.types import utcnow
+from alloy.storage.db import Database, Page
+from alloy.storage.db.models import ExperimentRecordRow, ExperimentRow, TrackerLogRow, TrialRow
+from alloy.storage.db.page import check_paging
+from alloy.storage.db.types import utcnow
 from alloy.errors import not_found, validation_failed
 
 

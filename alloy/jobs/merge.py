@@ -9,7 +9,7 @@ the last step before COMPLETED, so a FAILED job leaves nothing registered and no
 
 Interruption: the runner owns its job only while it keeps the job's heartbeat fresh. A cancel (replica shutting
 down) requeues the job with an ``interrupted`` event; a replica that died without a word is detected later by
-:func:`alloy.job_liveness.sweep_orphans` from the stale heartbeat and its job is requeued the same way, then replayed.
+:func:`alloy.jobs.liveness.sweep_orphans` from the stale heartbeat and its job is requeued the same way, then replayed.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.job_liveness import JobHeartbeat
-from alloy.jobs import JobKind, JobRecord, JobState, JobStore
-from alloy.model_cache import CachedModel, ModelCache
+from alloy.jobs.liveness import JobHeartbeat
+from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.storage.model_cache import CachedModel, ModelCache
 
-logger = logging.getLogger("alloy.merge_jobs")
+logger = logging.getLogger("alloy.jobs.merge")
 
 MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?$"
 

@@ -28,9 +28,9 @@ from pydantic import BaseModel
 from alloy.errors import AlloyError, ErrorCode
 
 if TYPE_CHECKING:
-    from alloy.artifacts import ArtifactStore
+    from alloy.storage.artifacts import ArtifactStore
     from alloy.config import Settings
-    from alloy.db import Database
+    from alloy.storage.db import Database
 
 DEFAULT_TIMEOUT_S = 5.0
 PROBE_PREFIX = ".alloy-probe"
@@ -331,11 +331,8 @@ def check_gpu_nodes(gpu_count: Callable[[], float], required: float = 1) -> Depe
     return _run("GPU nodes", "cluster resources", probe)
 
 
-def ray_gpu_count() -> float:
-    """The GPUs of the connected Ray cluster (the production ``gpu_count``)."""
-    import ray
-
-    return float(ray.cluster_resources().get("GPU", 0))
+def _no_gpu_probe() -> float:
+    raise DependencyFailed("no GPU probe was given (the start sequence passes the cluster's)")
 
 
 # --- all of them ---------------------------------------------------------------------------------------------
@@ -355,14 +352,15 @@ def validate_dependencies(
     if settings.message_queue_url:
         checks.append(check_message_queue(settings.message_queue_url, timeout_s))
     if settings.profile == "gpu":
-        checks.append(check_gpu_nodes(gpu_count or ray_gpu_count))
+        # The probe comes from the caller (alloy.control.nodes.cluster_gpu_count on Ray): this package is Ray-free.
+        checks.append(check_gpu_nodes(gpu_count or _no_gpu_probe))
     return DependencyReport(checks=checks)
 
 
 def _database_check(settings: "Settings", db: "Database | None") -> DependencyCheck:
     from sqlalchemy.engine import make_url
 
-    from alloy.db import Database
+    from alloy.storage.db import Database
 
     if db is not None:
         return check_database(db)
@@ -385,7 +383,7 @@ def _database_check(settings: "Settings", db: "Database | None") -> DependencyCh
 def _store_check(settings: "Settings", store: "ArtifactStore | None", timeout_s: float) -> DependencyCheck:
     """The store from the settings, with S3 timeouts and retries capped so an unreachable endpoint fails in
     seconds rather than after botocore's minutes of retries."""
-    from alloy.artifacts import ArtifactStore
+    from alloy.storage.artifacts import ArtifactStore
 
     if store is not None:
         return check_object_store(store)

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from alloy.db.types import PortableJSON, UTCDateTime, utcnow
+from alloy.storage.db.types import PortableJSON, UTCDateTime, utcnow
 
 ID_LENGTH = 160  # model/dataset ids: 128 characters plus an optional "org/" part
 
@@ -154,7 +154,7 @@ class ArtifactRow(Base):
 
 
 class ApiKeyRow(Base):
-    """API keys; the secret itself is never stored, only its hash (owned by ``alloy.keys.ApiKeyStore``)."""
+    """API keys; the secret itself is never stored, only its hash (owned by ``alloy.storage.keys.ApiKeyStore``)."""
 
     __tablename__ = "api_keys"
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from alloy.cluster_state import ClusterState, ClusterStateStore, ClusterStatus, LifecycleRun, StepLogEntry
-from alloy.db.types import utcnow
+from alloy.cluster.state import ClusterState, ClusterStateStore, ClusterStatus, LifecycleRun, StepLogEntry
+from alloy.storage.db.types import utcnow
 from alloy.errors import AlloyError, ErrorCode
 
 logger = logging.getLogger("alloy.lifecycle")
@@ -245,7 +245,7 @@ def load_configuration(ctx: StartContext) -> str:
 def dependency_validation(gpu_count: Callable[[], float] | None = None, timeout_s: float = 5.0) -> StepBody:
     """Step 2 (cold): every configured dependency, one error naming all that failed."""
     def validate(ctx: StartContext) -> str:
-        from alloy.dependencies import validate_dependencies
+        from alloy.cluster.dependencies import validate_dependencies
 
         report = validate_dependencies(ctx["settings"], gpu_count=gpu_count, timeout_s=timeout_s)
         ctx["dependencies"] = report
@@ -257,8 +257,8 @@ def dependency_validation(gpu_count: Callable[[], float] | None = None, timeout_
 def connect_registries(ctx: StartContext) -> str:
     """Step 3: database (schema version verified before anything is written), artifact store, ModelRegistry,
     DatasetRegistry and the cluster-state store (from here on, the start is persisted)."""
-    from alloy.artifacts import ArtifactStore
-    from alloy.db import Database
+    from alloy.storage.artifacts import ArtifactStore
+    from alloy.storage.db import Database
     from alloy.registry.datasets import DatasetRegistry
     from alloy.registry.models import ModelRegistry
 

@@ -30,9 +30,9 @@ from pydantic import BaseModel, Field
 from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 
-from alloy.db import Database
-from alloy.db.models import ClusterStateRow
-from alloy.db.types import utcnow
+from alloy.storage.db import Database
+from alloy.storage.db.models import ClusterStateRow
+from alloy.storage.db.types import utcnow
 from alloy.errors import AlloyError, ErrorCode
 
 ROW_ID = 1

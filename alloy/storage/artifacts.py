@@ -29,10 +29,10 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel
 from sqlalchemy import delete, func, select
 
-from alloy.db import Database, Page
-from alloy.db.models import ArtifactRow
-from alloy.db.page import check_paging
-from alloy.db.types import utcnow
+from alloy.storage.db import Database, Page
+from alloy.storage.db.models import ArtifactRow
+from alloy.storage.db.page import check_paging
+from alloy.storage.db.types import utcnow
 from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
 
 if TYPE_CHECKING:

@@ -1,0 +1,1 @@
+"""The cluster lifecycle without Ray: persisted state, start and stop sequences, recovery, dependency checks."""

@@ -1,0 +1,177 @@
+"""Starting and stopping a local Ray head and deploying the Serve app on it.
+
+Shared by ``alloy start`` and the test fixtures so that both follow one port discipline: every port Ray opens is
+chosen from a free range that stays clear of the ports other software on a shared machine expects (6379, 8000,
+8265, 10002-19999), and the head is stopped by the process ids it started, never by ``ray stop`` (which kills
+every Ray process on the machine).
+
+Token authentication: Ray 2.5x+ enables token auth for new clusters when ``RAY_AUTH_MODE`` is unset and a token
+file exists. We make it explicit: ``RAY_AUTH_MODE=token`` and a freshly generated ``RAY_AUTH_TOKEN`` in the
+environment of the head and of every driver that connects (``RayHead.env``), so nothing is written to
+``~/.ray/auth_token`` and two clusters on one machine never share a token.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from alloy.control import ray_private
+from alloy.control.ports import WORKER_PORT_SPAN, is_port_free, pick_port_block
+from alloy.errors import AlloyError, ErrorCode
+
+RAY_PORT_FLAGS = (
+    "port",
+    "ray-client-server-port",
+    "dashboard-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+    "node-manager-port",
+    "object-manager-port",
+)
+
+
+
+@dataclass
+class RayHead:
+    """A running local Ray head started by us."""
+
+    address: str
+    ports: dict[str, int]
+    http_port: int
+    temp_dir: Path
+    env: dict[str, str]
+    process: subprocess.Popen | None = None
+    pid_file: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['dashboard-port']}"
+
+    def apply_env(self) -> None:
+        """Make this process a client of this head (token auth included)."""
+        os.environ.update(self.env)
+        ray_private.refresh_auth_token_cache()
+
+
+def auth_env(token: str | None = None) -> dict[str, str]:
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token or secrets.token_hex(32)}
+
+
+def start_ray_head(
+    temp_dir: str | Path,
+    *,
+    num_cpus: int = 8,
+    num_gpus: int | None = None,
+    include_dashboard: bool = True,
+    ready_timeout_s: float = 120.0,
+    log_file: Path | None = None,
+) -> RayHead:
+    """Start ``ray start --head --block`` in its own process group with every port from the free range.
+
+    ``temp_dir`` should be short: Ray puts unix sockets under it and socket paths are limited to ~107 bytes.
+    """
+    temp_dir = Path(temp_dir)
+    temp_dir.mkdir(parents=True, exist_ok=True)
+    ports_block = pick_port_block(len(RAY_PORT_FLAGS) + 1, span_after=WORKER_PORT_SPAN)
+    ports = dict(zip(RAY_PORT_FLAGS, ports_block))
+    http_port = ports_block[len(RAY_PORT_FLAGS)]
+    worker_min = ports_block[len(RAY_PORT_FLAGS) + 1]
+    worker_max = ports_block[-1]
+
+    env = auth_env()
+    command = [
+        str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
+        "--node-ip-address", "127.0.0.1",
+        "--temp-dir", str(temp_dir),
+        "--num-cpus", str(num_cpus),
+        "--include-dashboard", "true" if include_dashboard else "false",
+        "--dashboard-host", "127.0.0.1",
+        "--min-worker-port", str(worker_min),
+        "--max-worker-port", str(worker_max),
+        "--disable-usage-stats",
+    ]
+    if num_gpus is not None:
+        command += ["--num-gpus", str(num_gpus)]
+    for flag, port in ports.items():
+        command += [f"--{flag}", str(port)]
+
+    child_env = {**os.environ, **env, "RAY_USAGE_STATS_ENABLED": "0"}
+    output = open(log_file or temp_dir / "ray-head.log", "ab")
+    process = subprocess.Popen(
+        command, env=child_env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    head = RayHead(
+        address=f"127.0.0.1:{ports['port']}", ports=ports, http_port=http_port, temp_dir=temp_dir, env=env,
+        process=process,
+    )
+    try:
+        _wait_for_gcs(head, ready_timeout_s)
+    except BaseException:
+        stop_ray_head(head)
+        raise
+    return head
+
+
+def _wait_for_gcs(head: RayHead, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if head.process is not None and head.process.poll() is not None:
+            log = (head.temp_dir / "ray-head.log")
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"ray start exited early:\n{tail}")
+        # The raylet registers after the GCS; its port answering means the node is usable.
+        if not is_port_free(head.ports["port"]) and not is_port_free(head.ports["node-manager-port"]):
+            return
+        time.sleep(0.5)
+    raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"ray head did not come up in {timeout_s:.0f}s")
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def stop_ray_head(head: RayHead, *, timeout_s: float = 30.0) -> None:
+    """Stop exactly the processes of this head: the ``ray start`` process, its descendants, its process group."""
+    if head.process is None:
+        return
+    root = head.process.pid
+    tree = _descendants(root)
+    # ray start --block tears down its own node on SIGTERM; give it the chance first.
+    try:
+        head.process.send_signal(signal.SIGTERM)
+        head.process.wait(timeout=timeout_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    survivors = []
+    for pid in tree + _descendants(root):
+        try:
+            proc = psutil.Process(pid)
+            proc.kill()
+            survivors.append(proc)
+        except psutil.Error:
+            continue
+    psutil.wait_procs(survivors, timeout=10)
+    try:
+        os.killpg(root, signal.SIGKILL)  # the process group we created with start_new_session
+    except (ProcessLookupError, PermissionError):
+        pass
+    if head.process.poll() is None:
+        head.process.kill()
+        head.process.wait(timeout=10)
+

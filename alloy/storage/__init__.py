@@ -1,0 +1,1 @@
+"""Persistence: the database, artifacts, the experiment tracker, API keys and caches."""
