@@ -19,8 +19,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from alloy.errors import AlloyError, ErrorCode, not_found
-from alloy.jobs.liveness import JobHeartbeat
-from alloy.jobs.store import JobState
+from alloy.jobs.skeleton import JobRun, JobRunner
+from alloy.jobs.store import JobKind, JobState
 from evolution.config import EvolutionSpec, parse_spec
 from evolution.finalize import Finalist, finalists, lineage_of, plot_fitness
 from evolution.genome import GenomeSpace
@@ -61,7 +61,10 @@ class EvolutionService:
         self.models = models
         self.datasets = datasets
         self.store = store
-        self._running: dict[str, threading.Thread] = {}
+        # The search has no cancel point of its own: a shutdown's cancel is not acted on, the drain requeues the
+        # job and the replay resumes it from its Tune checkpoints.
+        self.job_runner = JobRunner(jobs, JobKind.EVOLUTION, self._job_body, heartbeat_s=heartbeat_s,
+                                    claim_progress={"stage": "preparing"})
 
     @classmethod
     def from_settings(cls, settings) -> "EvolutionService":
@@ -83,68 +86,49 @@ class EvolutionService:
         return self.settings.evolution_dir
 
     # ---- the job ------------------------------------------------------------------------------------------
-    def run_job(self, job_id: str) -> dict[str, Any]:
-        """Run (or resume) one evolution job to its end; returns the job's result (empty when it failed)."""
-        job = self.jobs.get(job_id)
-        if job.state.terminal:
-            return job.result or {}
-        if not self._claim(job_id):
-            return {}  # another process runs it; if that owner dies, a sweeper requeues and re-dispatches it
-        set_external_cancel_check(job_id, lambda: self._cancel_requested(job_id))
-        heartbeat = JobHeartbeat(self.jobs, job_id, self.heartbeat_s)
-        try:
-            heartbeat.start()
-            spec = parse_spec(job.request)
-            inputs = self.resolve_inputs(spec)
-            space = self.genome_space(spec, inputs)
-            experiment_id = self._experiment(job_id, spec, space, job.owner)
-            dev_data = InMemoryDatasets.read(inputs.source, inputs.dataset_ids, [spec.dev_split])
-            parents = load_parents(inputs.parents)
-            summary = ProgressSummary(generations=spec.search.generations, population=spec.search.population)
-            for previous in self._recorded_candidates(experiment_id):  # a resumed run keeps its history
-                summary.add(previous)
-            # A replay after a forced shutdown continues the Tune experiment already on disk (Tuner.restore).
-            resuming = can_resume(self.storage_path, job_id)
-            self.jobs.transition(job_id, JobState.RUNNING,
-                                 progress={**summary.progress(), "resumed_from_checkpoint": resuming})
-            sink = RecordingSink(job_id=job_id, experiment_id=experiment_id, tracker=self.tracker, jobs=self.jobs,
-                                 summary=summary)
-            outcome = run_search(
-                run_name=job_id, storage_path=self.storage_path, space=space, settings=spec.search,
-                parents=parents, data=dev_data, device=self.settings.merge.device, sink=sink,
-                scorer=ScorerSpec(run=job_id, model_dir=str(self._skeleton_dir(inputs)),
-                                  dataset_ids=inputs.dataset_ids, split=spec.dev_split),
-            )
-            self.tracker.flush()
-            if outcome.cancelled:
-                self.jobs.fail(job_id, CANCELLED, "evolution cancelled on request")
-                return {}
-            candidates = self._all_candidates(experiment_id, outcome)
-            if not candidates:
-                raise AlloyError(ErrorCode.INTERNAL_ERROR, "the search produced no candidate",
-                                 {"errored_trials": outcome.errored_trials})
-            self.jobs.transition(job_id, JobState.EVALUATING, progress={"stage": "finalizing"})
-            result = self._finalize(job_id, spec, inputs, space, parents, candidates, outcome, experiment_id)
-            self.tracker.flush()
-            self.jobs.complete(job_id, result)
-            return result
-        except Exception as exc:
-            log.exception("evolution %s failed", job_id)
-            self._fail(job_id, exc)
-            return {}
-        finally:
-            heartbeat.stop()
-            set_external_cancel_check(job_id, None)
+    def run_job(self, job_id: str, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """Run (or resume) one evolution job to its end; returns the job's result (empty unless COMPLETED).
+        Claim, heartbeat, endings and requeue are the job skeleton's; a second dispatch of a job another process
+        runs returns at once (if that owner dies, a sweeper requeues and re-dispatches it)."""
+        record = self.job_runner.run(job_id, cancel)
+        return (record.result or {}) if record.state is JobState.COMPLETED else {}
 
-    def _claim(self, job_id: str) -> bool:
-        """CREATED -> PREPARING: exactly one of several dispatches of the same job wins and runs it."""
-        try:
-            self.jobs.transition(job_id, JobState.PREPARING)
-            return True
-        except AlloyError as exc:
-            if exc.code is ErrorCode.CONFLICT:
-                return False
-            raise
+    def _job_body(self, run: JobRun) -> dict[str, Any]:
+        job_id = run.job_id
+        set_external_cancel_check(job_id, lambda: self._cancel_requested(job_id))
+        run.on_exit(lambda: set_external_cancel_check(job_id, None))
+        run.on_exit(self.tracker.flush)  # trials recorded before a failure are kept
+        spec = parse_spec(run.record.request)
+        inputs = self.resolve_inputs(spec)
+        space = self.genome_space(spec, inputs)
+        experiment_id = self._experiment(job_id, spec, space, run.record.owner)
+        dev_data = InMemoryDatasets.read(inputs.source, inputs.dataset_ids, [spec.dev_split])
+        parents = load_parents(inputs.parents)
+        summary = ProgressSummary(generations=spec.search.generations, population=spec.search.population)
+        for previous in self._recorded_candidates(experiment_id):  # a resumed run keeps its history
+            summary.add(previous)
+        # A replay after a forced shutdown continues the Tune experiment already on disk (Tuner.restore).
+        resuming = can_resume(self.storage_path, job_id)
+        run.transition(JobState.RUNNING, progress={**summary.progress(), "resumed_from_checkpoint": resuming})
+        sink = RecordingSink(job_id=job_id, experiment_id=experiment_id, tracker=self.tracker, jobs=self.jobs,
+                             summary=summary)
+        outcome = run_search(
+            run_name=job_id, storage_path=self.storage_path, space=space, settings=spec.search,
+            parents=parents, data=dev_data, device=self.settings.merge.device, sink=sink,
+            scorer=ScorerSpec(run=job_id, model_dir=str(self._skeleton_dir(inputs)),
+                              dataset_ids=inputs.dataset_ids, split=spec.dev_split),
+        )
+        self.tracker.flush()
+        if outcome.cancelled:
+            raise AlloyError(ErrorCode.CANCELLED, "evolution cancelled on request")
+        candidates = self._all_candidates(experiment_id, outcome)
+        if not candidates:
+            raise AlloyError(ErrorCode.INTERNAL_ERROR, "the search produced no candidate",
+                             {"errored_trials": outcome.errored_trials})
+        run.transition(JobState.EVALUATING, progress={"stage": "finalizing"})
+        result = self._finalize(job_id, spec, inputs, space, parents, candidates, outcome, experiment_id)
+        self.tracker.flush()
+        return result
 
     def cancel(self, job_id: str):
         """Ask a running evolution to stop (this process at once; another process within seconds)."""
@@ -249,14 +233,6 @@ class EvolutionService:
             return bool(self.jobs.get(job_id).progress.get("cancel_requested"))
         except AlloyError:
             return False
-
-    def _fail(self, job_id: str, exc: Exception) -> None:
-        code = exc.code.value if isinstance(exc, AlloyError) else ErrorCode.INTERNAL_ERROR.value
-        try:
-            if not self.jobs.get(job_id).state.terminal:
-                self.jobs.fail(job_id, code, str(getattr(exc, "message", exc)))
-        except AlloyError:
-            log.exception("could not mark evolution %s failed", job_id)
 
     # ---- the end ------------------------------------------------------------------------------------------
     def _finalize(self, job_id: str, spec: EvolutionSpec, inputs: ResolvedInputs, space: GenomeSpace,

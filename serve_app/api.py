@@ -21,7 +21,7 @@ from alloy import components as c
 from alloy.cluster.state import ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode, not_found
 from alloy.jobs.store import JobKind, JobState
-from alloy.jobs.merge import active_merge_outputs, check_merge_inputs
+from alloy.jobs.merge_request import active_merge_outputs, check_merge_inputs
 from deployments._calls import call
 from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from alloy.evaluation.results import EvalResult
 from alloy.jobs.store import JobKind, JobRecord, JobState
-from alloy.jobs.merge import MODEL_ID_PATTERN, EvaluateSpec, MergeRequest  # noqa: F401 - re-exported
+from alloy.ids import ResourceId
+from alloy.jobs.merge_request import EvaluateSpec, MergeRequest  # noqa: F401 - re-exported
 
 T = TypeVar("T")
 
@@ -77,7 +78,7 @@ class JobView(BaseModel):
 class ModelRegistration(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model_id: str = Field(pattern=MODEL_ID_PATTERN)
+    model_id: ResourceId
     source: str = Field(min_length=1, description="Local folder under a configured model root, or an artifact key/URI")
     lineage: dict[str, Any] | None = None
 
@@ -102,7 +103,7 @@ class ModelView(BaseModel):
 class DatasetRegistration(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    dataset_id: str = Field(pattern=MODEL_ID_PATTERN)
+    dataset_id: ResourceId
     source: str = Field(min_length=1, description="Local file/folder under a configured root, or an artifact key/URI")
     splits: dict[str, Any] | None = None
     task: dict[str, Any] | None = None

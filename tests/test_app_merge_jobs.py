@@ -12,7 +12,8 @@ from alloy.storage.db import Database
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.store import JobKind, JobState, JobStore
 from alloy.jobs.liveness import OrphanSweeper, sweep_orphans
-from alloy.jobs.merge import MergeJobRunner, MergeRequest, validate_merge_request
+from alloy.jobs.merge_request import MergeRequest, validate_merge_request
+from alloy.jobs.merge_runner import MergeJobRunner
 from alloy.registry.models import ModelRegistry
 
 

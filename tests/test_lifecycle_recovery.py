@@ -132,7 +132,7 @@ def test_replay_dispatches_by_kind_and_fails_what_cannot_run(recovery, database)
 
 
 def test_an_interrupted_merge_reruns_to_completion(recovery, database, models, scratch):
-    from alloy.jobs.merge import MergeJobRunner
+    from alloy.jobs.merge_runner import MergeJobRunner
 
     jobs = JobStore(database)
     job_id = start_job(jobs, "merge", merge_request(), "PREPARING", "RUNNING")  # ... and the cluster died
@@ -150,7 +150,7 @@ def test_an_interrupted_merge_reruns_to_completion(recovery, database, models, s
 
 
 def test_a_merge_that_died_after_registering_reruns_idempotently(recovery, database, models, tiny_family, scratch):
-    from alloy.jobs.merge import MergeJobRunner
+    from alloy.jobs.merge_runner import MergeJobRunner
 
     jobs = JobStore(database)
     job_id = start_job(jobs, "merge", merge_request(), "PREPARING", "RUNNING")

@@ -7,6 +7,7 @@ ArtifactStore); the Ray Serve deployment ``deployments/evaluation_engine.py`` is
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,12 +16,18 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from alloy.errors import AlloyError, ErrorCode, from_validation_error, model_not_found, validation_failed
+from alloy.errors import from_validation_error, model_not_found, validation_failed
 from alloy.evaluation.candidate import CandidateEvaluator, prepare_for_model
 from alloy.evaluation.dataset_sources import DatasetSource, RegistryDatasets
 from alloy.evaluation.loaded_model_cache import LoadedModelCache
 from alloy.evaluation.loading import LoadedModel, load_model
 from alloy.evaluation.results import EvalResult
+from alloy.jobs.skeleton import JobRun, JobRunner
+from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.registry.datasets import DatasetRegistry
+from alloy.registry.models import ModelRegistry
+from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.tracker import ExperimentTracker
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +65,10 @@ def parse_request(request: dict[str, Any]) -> EvaluationRequest:
 
 
 class EvaluationService:
-    def __init__(self, models, datasets, tracker, jobs, store=None, *, cache_capacity: int = 2,
-                 batch_size: int = DEFAULT_BATCH_SIZE, dataset_source: DatasetSource | None = None):
+    def __init__(self, models: ModelRegistry, datasets: DatasetRegistry, tracker: ExperimentTracker | None,
+                 jobs: JobStore, store: ArtifactStore | None = None, *, cache_capacity: int = 2,
+                 batch_size: int = DEFAULT_BATCH_SIZE, dataset_source: DatasetSource | None = None,
+                 heartbeat_s: float = 5.0):
         self.models = models
         self.datasets = datasets
         self.tracker = tracker
@@ -69,6 +78,8 @@ class EvaluationService:
         self.source: DatasetSource = dataset_source or RegistryDatasets(datasets, store)
         self.cache = LoadedModelCache(cache_capacity)
         self.last_experiment_id: str | None = None
+        self.job_runner = JobRunner(jobs, JobKind.EVALUATION, self._job_body, heartbeat_s=heartbeat_s,
+                                    claim_progress={"percent": 0.0, "stage": "loading"})
 
     # -- models ---------------------------------------------------------------------------------------------
     def _load_registered(self, model_id: str) -> LoadedModel:
@@ -128,43 +139,29 @@ class EvaluationService:
         return results
 
     # -- jobs -----------------------------------------------------------------------------------------------
-    def run_job(self, job_id: str):
-        """Run evaluation job ``job_id``: CREATED -> PREPARING -> RUNNING -> COMPLETED, or FAILED with a code."""
-        from alloy.jobs.store import JobState
+    def run_job(self, job_id: str, cancel: threading.Event | None = None) -> JobRecord:
+        """Run evaluation job ``job_id``: CREATED -> PREPARING -> RUNNING -> COMPLETED, or FAILED with a code
+        (through the job skeleton: claim, heartbeat, cancel between datasets, requeue on shutdown)."""
+        return self.job_runner.run(job_id, cancel)
 
-        job = self.jobs.get(job_id)
-        if job.state.terminal:
-            return job
-        try:
-            self.jobs.transition(job_id, JobState.PREPARING, progress={"percent": 0.0, "stage": "loading"})
-            request = parse_request(job.request)
-            for model_id in request.model_ids:  # fail before RUNNING on anything unknown
-                if not self.models.exists(model_id):
-                    raise model_not_found(model_id)
-            for dataset_id in request.datasets:
-                self.source.load(dataset_id, request.split)
-            self.jobs.transition(job_id, JobState.RUNNING, progress={"stage": "scoring"})
-            started = time.perf_counter()
-            experiment_id = request.experiment_id or self._new_experiment(
-                ",".join(request.model_ids), request.datasets, request.split, job_id)
-            results: list[EvalResult] = []
-            for index, model_id in enumerate(request.model_ids):
-                share = 100.0 / len(request.model_ids)
-                report = lambda p, index=index, model_id=model_id: self.jobs.update_progress(  # noqa: E731
-                    job_id, **{**p, "model_id": model_id, "percent": round(index * share + p["percent"] * share / 100, 1)})
-                results += self.evaluate_model(model_id, request.datasets, request.split, request.batch_size,
-                                               experiment_id, report)
-            return self.jobs.complete(job_id, result_summary(results, experiment_id, time.perf_counter() - started))
-        except AlloyError as exc:
-            log.info("evaluation job %s failed: %s", job_id, exc)
-            return self._fail(job_id, exc.code, exc.message)
-        except Exception as exc:  # noqa: BLE001 - any failure must end the job, with a stable code
-            log.exception("evaluation job %s crashed", job_id)
-            return self._fail(job_id, ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-
-    def _fail(self, job_id: str, code: ErrorCode, message: str):
-        job = self.jobs.get(job_id)
-        return job if job.state.terminal else self.jobs.fail(job_id, code, message)
+    def _job_body(self, run: JobRun) -> dict[str, Any]:
+        request = parse_request(run.record.request)
+        for model_id in request.model_ids:  # fail before RUNNING on anything unknown
+            if not self.models.exists(model_id):
+                raise model_not_found(model_id)
+        for dataset_id in request.datasets:
+            self.source.load(dataset_id, request.split)
+        run.transition(JobState.RUNNING, progress={"stage": "scoring"})
+        started = time.perf_counter()
+        experiment_id = request.experiment_id or self._new_experiment(
+            ",".join(request.model_ids), request.datasets, request.split, run.job_id)
+        results: list[EvalResult] = []
+        share = 100.0 / len(request.model_ids)
+        for index, model_id in enumerate(request.model_ids):
+            report = _job_progress(run, model_id, index * share, share)
+            results += self.evaluate_model(model_id, request.datasets, request.split, request.batch_size,
+                                           experiment_id, report)
+        return result_summary(results, experiment_id, time.perf_counter() - started)
 
     # -- tracker --------------------------------------------------------------------------------------------
     def _new_experiment(self, model_id: str, dataset_ids: Sequence[str], split: str, job_id: str | None = None) -> str | None:
@@ -183,6 +180,17 @@ class EvaluationService:
     def _flush(self) -> None:
         if self.tracker is not None:
             self.tracker.flush()
+
+
+def _job_progress(run: JobRun, model_id: str, offset: float, share: float) -> Progress:
+    """Per-dataset progress of one model as the job's overall percent; a cancelled run stops here, between
+    datasets (the scoring of one dataset is not interruptible)."""
+    def report(update: dict[str, Any]) -> None:
+        run.check_cancel()
+        run.jobs.update_progress(run.job_id, **{**update, "model_id": model_id,
+                                                "percent": round(offset + update["percent"] * share / 100, 1)})
+
+    return report
 
 
 def result_summary(results: Sequence[EvalResult], experiment_id: str | None, duration_s: float) -> dict[str, Any]:
