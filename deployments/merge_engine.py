@@ -59,4 +59,5 @@ class MergeEngineDeployment(JobEngine):
         return self.runner.cache.stats().model_dump()
 
     def clear_cache(self) -> dict[str, Any]:
-        return self.runner.cache.clear().model_dump()
+        dropped = self.runner.cache.clear()
+        return {"dropped": dropped, **self.cache_stats()}

@@ -5,26 +5,21 @@ Every check does real work against the real thing (a query, a probe object writt
 handshake with authentication), with a short timeout. All checks run, then one error names every failure, so
 an operator fixing a misconfiguration sees the whole list at once. Secrets never appear in a target or message.
 
-Message queues are checked at the protocol level with the standard library (no client library is needed):
-- ``amqp://user:pass@host:port/vhost``: AMQP 0-9-1 protocol header, Connection.Start-Ok (PLAIN),
-  Tune-Ok, Open (the vhost) and Close; wrong credentials or vhost fail here;
-- ``nats://[user:pass@|token@]host:port``: INFO, CONNECT + PING, expecting PONG (``-ERR`` fails);
-- ``redis://`` / ``rediss://``: PING through redis-py (a project dependency), AUTH/db from the URL.
+Message queues are checked with their own client libraries (:mod:`alloy.cluster.queue_checks`): a login to
+the AMQP vhost (pika), a NATS CONNECT + flush (nats-py), a Redis PING (redis-py).
 """
 
 from __future__ import annotations
 
-import json
-import socket
-import struct
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
+from alloy.cluster.queue_checks import DependencyFailed, check_amqp, check_nats, check_redis
 from alloy.errors import AlloyError, ErrorCode
 
 if TYPE_CHECKING:
@@ -68,10 +63,6 @@ class DependencyReport(BaseModel):
             ErrorCode.GPU_UNAVAILABLE if gpu_only else ErrorCode.SERVICE_UNAVAILABLE, message,
             {"failed": [c.name for c in failures], "checks": [c.model_dump() for c in self.checks]},
         )
-
-
-class DependencyFailed(Exception):
-    """Raised inside a check with the reason to report."""
 
 
 def masked(url: str) -> str:
@@ -141,180 +132,12 @@ def check_object_store(store: "ArtifactStore") -> DependencyCheck:
 
 def check_message_queue(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> DependencyCheck:
     scheme = urlsplit(url).scheme.lower()
-    checks = {"amqp": _check_amqp, "amqps": _check_amqp, "nats": _check_nats, "tls": _check_nats,
-              "redis": _check_redis, "rediss": _check_redis}
+    checks = {"amqp": check_amqp, "amqps": check_amqp, "nats": check_nats, "tls": check_nats,
+              "redis": check_redis, "rediss": check_redis}
     if scheme not in checks:
         return DependencyCheck(name="message queue", target=masked(url), ok=False, duration_s=0.0,
                                detail=f"unsupported scheme {scheme!r}: use amqp://, nats:// or redis://")
     return _run("message queue", masked(url), lambda: checks[scheme](url, timeout_s))
-
-
-def _connect(url: str, default_port: int, timeout_s: float, *, tls: bool) -> socket.socket:
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or default_port
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout_s)
-    except OSError as exc:
-        raise DependencyFailed(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
-    if tls:
-        import ssl
-
-        sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-    sock.settimeout(timeout_s)
-    return sock
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise DependencyFailed("the server closed the connection")
-        data += chunk
-    return data
-
-
-# AMQP 0-9-1: frame = type(1) channel(2) size(4) payload frame-end(0xCE); a method payload starts with
-# class-id(2) method-id(2). Connection class 10: Start 10, Start-Ok 11, Tune 30, Tune-Ok 31, Open 40,
-# Open-Ok 41, Close 50, Close-Ok 51.
-AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
-AMQP_FRAME_END = b"\xce"
-
-
-def _shortstr(value: str) -> bytes:
-    raw = value.encode()
-    return struct.pack("B", len(raw)) + raw
-
-
-def _longstr(raw: bytes) -> bytes:
-    return struct.pack(">I", len(raw)) + raw
-
-
-def _amqp_method(class_id: int, method_id: int, args: bytes) -> bytes:
-    payload = struct.pack(">HH", class_id, method_id) + args
-    return struct.pack(">BHI", 1, 0, len(payload)) + payload + AMQP_FRAME_END
-
-
-def _amqp_read_method(sock: socket.socket) -> tuple[int, int, bytes]:
-    while True:
-        header = _recv_exact(sock, 7)
-        if header.startswith(b"AMQP"):  # the server refused our protocol version and sent its own
-            raise DependencyFailed("the server does not speak AMQP 0-9-1")
-        frame_type, _channel, size = struct.unpack(">BHI", header)
-        payload = _recv_exact(sock, size)
-        if _recv_exact(sock, 1) != AMQP_FRAME_END:
-            raise DependencyFailed("malformed AMQP frame")
-        if frame_type == 1:
-            class_id, method_id = struct.unpack(">HH", payload[:4])
-            return class_id, method_id, payload[4:]
-        # heartbeat (8) or other frames before the method we wait for: skip
-
-
-def _amqp_close_reason(args: bytes) -> str:
-    code = struct.unpack(">H", args[:2])[0]
-    text = args[3:3 + args[2]].decode(errors="replace")
-    return f"server closed the connection: {code} {text}"
-
-
-def _amqp_expect(sock: socket.socket, method: tuple[int, int], step: str) -> bytes:
-    class_id, method_id, args = _amqp_read_method(sock)
-    if (class_id, method_id) == (10, 50):
-        raise DependencyFailed(f"{step}: {_amqp_close_reason(args)}")
-    if (class_id, method_id) != method:
-        raise DependencyFailed(f"{step}: unexpected AMQP method {class_id}.{method_id}")
-    return args
-
-
-def _check_amqp(url: str, timeout_s: float) -> str:
-    parts = urlsplit(url)
-    user = unquote(parts.username or "guest")
-    password = unquote(parts.password or "guest")
-    vhost = unquote(parts.path[1:]) if parts.path and parts.path != "/" else "/"
-    tls = parts.scheme.lower() == "amqps"
-    with _connect(url, 5671 if tls else 5672, timeout_s, tls=tls) as sock:
-        sock.sendall(AMQP_HEADER)
-        _amqp_expect(sock, (10, 10), "handshake")
-        # client-properties: {"capabilities": {"authentication_failure_close": true}} so a broker that supports
-        # it (RabbitMQ) says *why* it refuses the login instead of just closing the socket.
-        capabilities = _shortstr("authentication_failure_close") + b"t\x01"
-        properties = _shortstr("capabilities") + b"F" + _longstr(capabilities) \
-            + _shortstr("product") + b"S" + _longstr(b"alloy-dependency-check")
-        start_ok = (_longstr(properties) + _shortstr("PLAIN")
-                    + _longstr(b"\x00" + user.encode() + b"\x00" + password.encode()) + _shortstr("en_US"))
-        sock.sendall(_amqp_method(10, 11, start_ok))
-        try:
-            tune = _amqp_expect(sock, (10, 30), "login")
-        except DependencyFailed as exc:
-            if "closed the connection" in str(exc) and "403" not in str(exc):
-                raise DependencyFailed(f"login as {user!r} refused (the server closed the connection)") from None
-            raise
-        channel_max, frame_max, _heartbeat = struct.unpack(">HIH", tune[:8])
-        sock.sendall(_amqp_method(10, 31, struct.pack(">HIH", channel_max, frame_max, 0)))
-        sock.sendall(_amqp_method(10, 40, _shortstr(vhost) + _shortstr("") + b"\x00"))
-        _amqp_expect(sock, (10, 41), f"open vhost {vhost!r}")
-        sock.sendall(_amqp_method(10, 50, struct.pack(">H", 200) + _shortstr("alloy check done") + struct.pack(">HH", 0, 0)))
-        try:
-            _amqp_expect(sock, (10, 51), "close")
-        except DependencyFailed:
-            pass  # the check has already succeeded; a broker that drops the socket on Close is fine
-    return f"AMQP 0-9-1 login as {user!r} and open of vhost {vhost!r} ok"
-
-
-def _read_line(sock: socket.socket, limit: int = 64 * 1024) -> str:
-    data = b""
-    while not data.endswith(b"\r\n"):
-        chunk = sock.recv(1)
-        if not chunk:
-            raise DependencyFailed("the server closed the connection")
-        data += chunk
-        if len(data) > limit:
-            raise DependencyFailed("protocol line too long")
-    return data[:-2].decode(errors="replace")
-
-
-def _check_nats(url: str, timeout_s: float) -> str:
-    parts = urlsplit(url)
-    with _connect(url, 4222, timeout_s, tls=False) as sock:
-        line = _read_line(sock)
-        if not line.startswith("INFO "):
-            raise DependencyFailed(f"not a NATS server (first line {line[:60]!r})")
-        info = json.loads(line[5:])
-        if parts.scheme.lower() == "tls" or info.get("tls_required"):
-            raise DependencyFailed("the NATS server requires TLS, which this check does not negotiate")
-        connect: dict[str, Any] = {"verbose": False, "pedantic": False, "name": "alloy-dependency-check",
-                                   "lang": "python", "version": "0", "protocol": 1}
-        if parts.username and parts.password is not None:
-            connect.update(user=unquote(parts.username), **{"pass": unquote(parts.password)})
-        elif parts.username:
-            connect["auth_token"] = unquote(parts.username)
-        sock.sendall(f"CONNECT {json.dumps(connect)}\r\nPING\r\n".encode())
-        while True:
-            reply = _read_line(sock)
-            if reply == "PONG":
-                break
-            if reply.startswith("-ERR"):
-                raise DependencyFailed(f"server refused the connection: {reply[5:].strip()}")
-            # +OK or a server PING: keep reading
-            if reply == "PING":
-                sock.sendall(b"PONG\r\n")
-    return f"NATS {info.get('version', '?')} CONNECT/PING ok"
-
-
-def _check_redis(url: str, timeout_s: float) -> str:
-    import redis
-
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    try:
-        if client.ping() is not True:
-            raise DependencyFailed("PING did not answer PONG")
-        version = client.info("server").get("redis_version", "?")
-    except redis.exceptions.AuthenticationError as exc:
-        raise DependencyFailed(f"authentication refused: {exc}") from None
-    except redis.exceptions.ConnectionError as exc:
-        raise DependencyFailed(f"cannot connect: {exc}") from None
-    finally:
-        client.close()
-    return f"Redis {version} PING ok"
 
 
 # --- GPU nodes -----------------------------------------------------------------------------------------------

@@ -87,8 +87,8 @@ class EvaluationService:
             raise model_not_found(model_id)
         return self.cache.get(f"id:{model_id}", lambda: load_model(self.models.local_dir(model_id)))
 
-    def cache_stats(self) -> dict[str, int]:
-        return self.cache.stats()
+    def cache_stats(self) -> dict[str, float]:
+        return self.cache.stats().model_dump()
 
     def clear_cache(self) -> int:
         return self.cache.clear()
