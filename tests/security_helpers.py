@@ -26,11 +26,11 @@ from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel, Field
 
 from alloy.config import Settings
-from alloy.storage.db import Database
+from alloy.control.ports import pick_port_block
 from alloy.errors import model_not_found
 from alloy.ids import ResourceId
+from alloy.storage.db import Database
 from alloy.storage.keys import ApiKeyStore, Principal
-from alloy.control.ports import pick_port_block
 from serve_app.errors import install_error_handlers
 from serve_app.security import current_principal, install_security, require_scope
 

@@ -33,7 +33,10 @@ class JobHeartbeat:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop beating and wait for a beat in flight, so the owner's next write (complete, fail) never races it."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.interval_s + 5)
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -88,7 +91,7 @@ class OrphanSweeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"{kind.value}-sweeper", daemon=True)
 
-    def start(self) -> "OrphanSweeper":
+    def start(self) -> OrphanSweeper:
         self._thread.start()
         return self
 

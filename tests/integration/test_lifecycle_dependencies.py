@@ -4,19 +4,28 @@ failed."""
 
 from __future__ import annotations
 
-
 import pytest
 
-from alloy.config import Settings
+from tests.services import require_nats, require_rabbitmq, require_redis
+
 from alloy.cluster.dependencies import (
-    check_database, check_gpu_nodes, check_message_queue, check_object_store, masked, validate_dependencies,
+    check_database,
+    check_gpu_nodes,
+    check_message_queue,
+    check_object_store,
+    masked,
+    validate_dependencies,
 )
-from alloy.errors import AlloyError, ErrorCode
+from alloy.config import Settings
 from alloy.control.ports import pick_port_block
+from alloy.errors import AlloyError, ErrorCode
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
 REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+REQUIRE_BROKER = {"amqp": require_rabbitmq, "nats": require_nats, "redis": require_redis}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +71,7 @@ def test_object_store_unreachable_s3_fails_fast(tmp_path, closed_port):
     (REDIS_URL, "PING ok"),
 ])
 def test_message_queue_handshakes(url, expected):
+    REQUIRE_BROKER[url.split(":", 1)[0]]()
     check = check_message_queue(url, timeout_s=5)
     assert check.ok, check.detail
     assert expected in check.detail
@@ -75,6 +85,8 @@ def test_message_queue_handshakes(url, expected):
     ("kafka://127.0.0.1:9092", "unsupported scheme"),
 ])
 def test_message_queue_refusals_say_why(url, reason):
+    if url.startswith(tuple(REQUIRE_BROKER)):
+        REQUIRE_BROKER[url.split(":", 1)[0]]()
     check = check_message_queue(url, timeout_s=2)
     assert not check.ok and reason in check.detail
     assert "wrong" not in check.target
@@ -121,6 +133,7 @@ def test_cpu_profile_without_queue_checks_database_and_store_only(tmp_path):
 
 
 def test_all_real_dependencies_pass(tmp_path, s3_server, make_database_url):
+    require_rabbitmq()
     settings = Settings(
         data_dir=tmp_path, database={"url": make_database_url("postgresql")}, message_queue_url=AMQP_URL,
         artifacts={"uri": s3_server.new_uri(), "s3": {"endpoint_url": s3_server.endpoint_url,

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from alloy.cluster.shutdown import Shutdown, ShutdownActions
 from alloy.cluster.state import ClusterState, ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.store import JobStore
-from alloy.cluster.shutdown import Shutdown, ShutdownActions
 
 GRACEFUL_STEPS = ["reject submissions", "wait for active merges and evaluations", "flush tracker",
                   "close registries", "terminate worker pools", "mark STOPPED"]

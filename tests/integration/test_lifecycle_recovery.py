@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from alloy.storage.artifacts import PENDING_MARKER, STAGING
+from alloy.cluster.recovery import Recovery
 from alloy.cluster.state import ClusterStateStore
 from alloy.jobs.store import JobKind, JobState, JobStore
-from alloy.cluster.recovery import Recovery
 from alloy.registry.models import ModelRegistry
+from alloy.storage.artifacts import PENDING_MARKER, STAGING
 
 
 @pytest.fixture

@@ -29,16 +29,16 @@ import psutil
 import pytest
 import yaml
 
-from alloy.storage.artifacts import ArtifactStore
-from alloy.cluster.state import ClusterState, ClusterStateStore
-from alloy.storage.db import Database
-from alloy.jobs.store import JobState, JobStore
 from alloy.cluster.recovery import Recovery
+from alloy.cluster.state import ClusterState, ClusterStateStore
+from alloy.jobs.store import JobState, JobStore
 from alloy.registry.models import ModelRegistry
+from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.db import Database
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ALLOY = str(Path(sys.executable).with_name("alloy"))
 # Big enough that a merge takes seconds on a loaded 2-core machine: ~35M parameters per model.
 MODEL_SHAPE = {"layers": 8, "hidden": 512, "vocab": 16000}

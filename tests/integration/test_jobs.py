@@ -106,7 +106,7 @@ def test_concurrent_compare_and_set_has_exactly_one_winner(jobs):
         barrier = threading.Barrier(2)
         results: list[str] = []
 
-        def race():
+        def race(job=job, barrier=barrier, results=results):
             barrier.wait()
             try:
                 jobs.transition(job.id, JobState.PREPARING)

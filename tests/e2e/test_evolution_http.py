@@ -20,7 +20,7 @@ import yaml
 
 pytestmark = pytest.mark.ray
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TINY_CONFIG = PROJECT_ROOT / "configs" / "evolve-tiny.yaml"
 TERMINAL = {"COMPLETED", "FAILED"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -194,7 +194,7 @@ def test_an_evolution_whose_engine_replica_dies_is_requeued_and_resumes(alloy_se
     ``interrupted`` event and dispatches it again; the replay continues the Tune run (Tuner.restore)."""
     import ray
 
-    from tests.test_serve_merge import _replica_actor
+    from tests.e2e.test_serve_merge import _replica_actor
 
     client = alloy_service.client("write")
     request = tiny_request("tiny evolution, engine replica killed")
@@ -253,8 +253,8 @@ def _latest_snapshot_mtime(experiment: Path) -> float:
 
 
 def _job_events(alloy_service, job_id: str):
-    from alloy.storage.db import Database
     from alloy.jobs.store import JobStore
+    from alloy.storage.db import Database
 
     db = Database(alloy_service.database_url)
     try:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from alloy.errors import AlloyError, ErrorCode
 from alloy.ids import MAX_ID_LENGTH, ResourceId, confined_path, validate_resource_id
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE_PACKAGES = ("alloy", "kernels", "deployments", "serve_app", "evolution")
 
 VALID_IDS = ["llama-3", "Qwen2.5-0.5B", "org/model_v1.2", "a", "x" * 128, "o" * 31 + "/" + "n" * 128]

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alloy.config import Settings
-from alloy.errors import AlloyError, ErrorCode
 from alloy.cluster.storage_rule import check_storage_for_cluster
+from alloy.config import Settings
 from alloy.control.serve_deploy import load_serve_config
+from alloy.errors import AlloyError, ErrorCode
 from deployments.runtime import AppArgs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENGINES_WITH_GPU = {"MergeEngine", "EvaluationEngine", "EvolutionEngine"}
 
 
@@ -83,14 +83,12 @@ def test_gpu_profile_without_gpus_answers_gpu_unavailable(ray_cluster, tmp_path)
     from fastapi.testclient import TestClient
 
     from alloy.config import ConfigHolder
+    from alloy.storage.db import Database
+    from alloy.storage.keys import ApiKeyStore
     from deployments.runtime import Services
     from serve_app.api import create_api
     from serve_app.context import ApiContext
     from serve_app.ingress import _cluster_gpus
-
-    from alloy.storage.keys import ApiKeyStore
-
-    from alloy.storage.db import Database
 
     settings = Settings(data_dir=tmp_path, profile="gpu")
     Database.from_settings(settings).upgrade()

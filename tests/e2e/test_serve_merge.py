@@ -110,8 +110,8 @@ def _replica_actor(deployment: str):
 
 
 def _job_state(alloy_service, job_id: str) -> str:
-    from alloy.storage.db import Database
     from alloy.jobs.store import JobStore
+    from alloy.storage.db import Database
 
     db = Database(alloy_service.database_url)
     try:
@@ -196,8 +196,8 @@ def test_a_merge_engine_replica_killed_mid_merge_is_recorded_interrupted_and_rep
     event by a live replica's sweeper (stale heartbeat, 30 s in the test app) and replayed to COMPLETED."""
     import ray
 
-    from alloy.storage.db import Database
     from alloy.jobs.store import JobStore
+    from alloy.storage.db import Database
 
     body = {"models": big_models, "strategy": "ties", "base_model": "bigbase", "parameters": {"density": 0.5},
             "output_model_id": "phoenix"}

@@ -123,7 +123,7 @@ def test_merge_quality_bench_runs_on_tiny(tiny, data_dir, capsys):
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "merge_quality.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "merge_quality.py"
     spec = importlib.util.spec_from_file_location("merge_quality_bench", path)
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # dataclasses look their module up there

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alloy.control.serve_ops import apply_pool_snapshot
 from alloy.control.serve_deploy import load_serve_config
+from alloy.control.serve_ops import apply_pool_snapshot
 
-SERVE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "serve.yaml"
+SERVE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve.yaml"
 
 
 def deployments(config) -> dict:

@@ -8,7 +8,12 @@ import threading
 import pytest
 
 from alloy.cluster.state import (
-    CachedClusterState, ClusterState, ClusterStateStore, LifecycleRun, StepLogEntry, state_metric_values,
+    CachedClusterState,
+    ClusterState,
+    ClusterStateStore,
+    LifecycleRun,
+    StepLogEntry,
+    state_metric_values,
 )
 from alloy.errors import AlloyError, ErrorCode
 

@@ -15,6 +15,8 @@ import httpx
 import pytest
 import redis
 
+from tests.services import service_missing
+
 from alloy.storage.db import Database
 from alloy.storage.keys import ApiKeyStore
 from tests.security_helpers import serve_in_processes
@@ -29,7 +31,7 @@ def redis_prefix():
     try:
         client.ping()
     except redis.ConnectionError:
-        pytest.fail(f"Redis at {REDIS_URL} is unreachable", pytrace=False)
+        service_missing("Redis", f"{REDIS_URL} is unreachable")
     prefix = f"alloy-test-{uuid.uuid4().hex[:12]}"
     yield prefix
     keys = list(client.scan_iter(match=f"{prefix}*"))

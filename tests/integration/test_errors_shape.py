@@ -8,11 +8,11 @@ import logging
 import httpx
 import pytest
 
-from alloy.storage.db import Database
 from alloy.errors import HTTP_STATUS, ErrorCode
+from alloy.storage.db import Database
 from alloy.storage.keys import ApiKeyStore
 from tests.security_helpers import build_test_app, make_settings, serve_in_thread
-from tests.test_security_http import assert_error
+from tests.integration.test_security_http import assert_error
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_every_code_has_one_documented_status():
     """The README's error table lists every code with the status alloy.errors assigns it."""
     from pathlib import Path
 
-    table = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for code, status in HTTP_STATUS.items():
         assert f"| `{code.value}` | {status} |" in table, code
     assert len(HTTP_STATUS) == len(ErrorCode)

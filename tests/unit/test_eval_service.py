@@ -21,11 +21,11 @@ def tiny_zoo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(tiny_zoo, tmp_path_factory):
-    from alloy.storage.artifacts import ArtifactStore
-    from alloy.storage.db import Database
     from alloy.jobs.store import JobStore
     from alloy.registry.datasets import DatasetRegistry
     from alloy.registry.models import ModelRegistry
+    from alloy.storage.artifacts import ArtifactStore
+    from alloy.storage.db import Database
     from alloy.storage.tracker import ExperimentTracker
 
     root = tmp_path_factory.mktemp("eval-service")

@@ -32,7 +32,7 @@ def files(tmp_path):
     train = tmp_path / "train.parquet"
     pq.write_table(pa.table({"text": ["good", "bad", "fine"], "label": [1, 0, 1]}), train)
     test = tmp_path / "test.jsonl"
-    test.write_text("\n".join(json.dumps({"text": t, "label": l}) for t, l in [("meh", 0), ("great", 1)]) + "\n")
+    test.write_text("\n".join(json.dumps({"text": t, "label": label}) for t, label in [("meh", 0), ("great", 1)]) + "\n")
     return {"train": train, "test": test}
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from alloy.storage.artifacts import ArtifactStore
-from alloy.storage.db import Database
 from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs.store import JobKind, JobState, JobStore
 from alloy.jobs.liveness import OrphanSweeper, sweep_orphans
 from alloy.jobs.merge_request import MergeRequest, validate_merge_request
 from alloy.jobs.merge_runner import MergeJobRunner
+from alloy.jobs.store import JobKind, JobState, JobStore
 from alloy.registry.models import ModelRegistry
+from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.db import Database
 
 
 @pytest.fixture()

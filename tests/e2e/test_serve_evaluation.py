@@ -13,11 +13,11 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def tiny_zoo(alloy_service) -> dict[str, list[str]]:
     """The ``tiny`` preset built offline and registered on the session service (idempotent)."""
-    from alloy.storage.artifacts import ArtifactStore
     from alloy.config import load_settings
-    from alloy.storage.db import Database
     from alloy.registry.datasets import DatasetRegistry
     from alloy.registry.models import ModelRegistry
+    from alloy.storage.artifacts import ArtifactStore
+    from alloy.storage.db import Database
     from alloy.zoo.presets import build_preset, register_preset
 
     settings = load_settings(data_dir=alloy_service.data_dir, database={"url": alloy_service.database_url})

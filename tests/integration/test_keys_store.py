@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from pydantic import SecretStr
 
 from alloy.cli.main import cli
-from alloy.storage.db import Database
 from alloy.errors import AlloyError, ErrorCode
+from alloy.storage.db import Database
 from alloy.storage.keys import BOOTSTRAP_KEY_ID, ApiKeyStore, Principal, parse_key
 
 

@@ -84,7 +84,7 @@ def test_vault_source_is_used_when_enabled(config_file, monkeypatch):
     seen = {}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):  # http.server's naming
             seen["path"], seen["token"] = self.path, self.headers.get("X-Vault-Token")
             body = json.dumps({"data": {"data": {"merge": {"max_in_flight": 9}}, "metadata": {"version": 1}}}).encode()
             self.send_response(200)

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from alloy.cluster.state import ClusterState, ClusterStateStore
-from alloy.errors import AlloyError, ErrorCode
 from alloy.cluster.startup import (
-    COLD_STEPS, StartContext, cold_start, connect_registries, dependency_validation, load_configuration,
+    COLD_STEPS,
+    StartContext,
+    cold_start,
+    connect_registries,
+    dependency_validation,
+    load_configuration,
     warm_start,
 )
+from alloy.cluster.state import ClusterState, ClusterStateStore
+from alloy.errors import AlloyError, ErrorCode
 
 POOLS = {"MergeEngine": 2, "EvaluationEngine": 1, "EvolutionEngine": 1}
 

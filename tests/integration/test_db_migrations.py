@@ -8,9 +8,9 @@ from alembic.runtime.migration import MigrationContext
 from click.testing import CliRunner
 from sqlalchemy import inspect, text
 
+from alloy.errors import AlloyError, ErrorCode
 from alloy.storage.db import UPGRADE_COMMAND, Database
 from alloy.storage.db.models import Base
-from alloy.errors import AlloyError, ErrorCode
 
 EXPECTED_TABLES = {
     "models", "datasets", "jobs", "job_events", "experiments", "experiment_records", "trials", "artifacts",

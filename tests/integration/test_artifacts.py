@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
 from alloy.errors import AlloyError, ErrorCode
+from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
 
 BLOB = bytes(range(256)) * 4096  # 1 MiB
 

@@ -106,7 +106,7 @@ def test_franken_layer_order_genome_decodes_to_slices():
             assert 0 <= start < end <= 4 and end - start <= 2
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("evolve-*.yaml")),
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "configs").glob("evolve-*.yaml")),
                          ids=lambda p: p.name)
 def test_every_shipped_evolution_config_is_a_valid_request_with_a_valid_genome(path):
     from evolution.config import load_spec_file
