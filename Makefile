@@ -21,7 +21,7 @@ run: install
 	$(BIN)/alloy start --demo
 
 # The gates first (lint, format, types, layers), then every tier; a missing service fails instead of skipping.
-test: install
+test: install lint
 	ALLOY_REQUIRE_SERVICES=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The pure tier: no PostgreSQL, Redis or Ray cluster needed; under a minute.

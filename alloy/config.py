@@ -49,7 +49,9 @@ class RateLimitSettings(BaseModel):
     jobs: str = Field("10/minute", description="merge and evolution job creation, per API key")
     storage_uri: str = Field("memory://", description="memory:// (one ingress replica) or redis://host:port")
     key_prefix: str = Field("alloy-rl", description="prefix of the rate-limit keys in shared storage (Redis)")
-    anonymous: str = Field("100/minute", description="requests without a valid API key, per client IP (throttles key guessing)")
+    anonymous: str = Field(
+        "100/minute", description="requests without a valid API key, per client IP (throttles key guessing)"
+    )
 
 
 class AuthSettings(BaseModel):
@@ -139,7 +141,10 @@ class Settings(BaseSettings):
         s3 = self.artifacts.s3
         options: dict[str, Any] = {}
         if s3.endpoint_url:
-            options["client_kwargs"] = {"endpoint_url": s3.endpoint_url, **({"region_name": s3.region} if s3.region else {})}
+            options["client_kwargs"] = {
+                "endpoint_url": s3.endpoint_url,
+                **({"region_name": s3.region} if s3.region else {}),
+            }
         if s3.access_key_id:
             options["key"] = s3.access_key_id
             options["secret"] = s3.secret_access_key
@@ -229,8 +234,9 @@ class ConfigHolder:
     so that the builder's ``settings`` overrides (data dir, database URL) survive a reload and only the file,
     environment and Vault sources are re-read."""
 
-    def __init__(self, settings: Settings | None = None, version: int = 1,
-                 loader: Callable[[], Settings] = load_settings):
+    def __init__(
+        self, settings: Settings | None = None, version: int = 1, loader: Callable[[], Settings] = load_settings
+    ):
         self._loader = loader
         self._settings = settings or loader()
         self._version = version

@@ -56,7 +56,9 @@ def validate_resource_id(value: object, kind: str = "model") -> str:
     if problem is not None:
         shown = value[:200] if isinstance(value, str) else type(value).__name__
         raise AlloyError(
-            ErrorCode.VALIDATION_FAILED, f"invalid {kind} id {shown!r}: {problem}", {"field": f"{kind}_id", "reason": problem}
+            ErrorCode.VALIDATION_FAILED,
+            f"invalid {kind} id {shown!r}: {problem}",
+            {"field": f"{kind}_id", "reason": problem},
         )
     return value  # type: ignore[return-value]
 
@@ -77,7 +79,9 @@ ResourceId = Annotated[
 ]
 
 
-def confined_path(candidate: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]], *, kind: str = "path") -> Path:
+def confined_path(
+    candidate: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]], *, kind: str = "path"
+) -> Path:
     """Resolve ``candidate`` (symlinks included) and return it if it lies inside one of ``roots``.
 
     Relative candidates are taken relative to each root in turn. Raise VALIDATION_FAILED otherwise, without
@@ -92,5 +96,7 @@ def confined_path(candidate: str | os.PathLike[str], roots: Iterable[str | os.Pa
         if resolved == root_path or root_path in resolved.parents:
             return resolved
     raise AlloyError(
-        ErrorCode.VALIDATION_FAILED, f"{kind} is outside the allowed folders", {"field": kind, "reason": "not under an allowed root"}
+        ErrorCode.VALIDATION_FAILED,
+        f"{kind} is outside the allowed folders",
+        {"field": kind, "reason": "not under an allowed root"},
     )

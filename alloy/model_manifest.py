@@ -24,8 +24,21 @@ SINGLE_FILE = "model.safetensors"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own cap
 
 DTYPE_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-    "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
 }
 
 
@@ -56,7 +69,7 @@ class ModelManifest(BaseModel):
     config: dict[str, Any]
     fingerprint: str
 
-    def describe_mismatch(self, other: "ModelManifest") -> dict[str, Any] | None:
+    def describe_mismatch(self, other: ModelManifest) -> dict[str, Any] | None:
         """The first tensor whose presence or shape differs between two manifests, or None."""
         for name in sorted(set(self.tensors) | set(other.tensors)):
             mine, theirs = self.tensors.get(name), other.tensors.get(name)

@@ -67,9 +67,14 @@ def evolution_request(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.config or PROJECT_ROOT / "configs" / f"evolve-{args.preset}.yaml")
     request = yaml.safe_load(path.read_text())
     search = request.setdefault("search", {})
-    for key, value in (("kind", args.kind), ("population", args.population), ("generations", args.generations),
-                       ("dev_batch_size", args.dev_batch_size), ("time_budget_s", args.time_budget_s),
-                       ("finalists", args.finalists)):
+    for key, value in (
+        ("kind", args.kind),
+        ("population", args.population),
+        ("generations", args.generations),
+        ("dev_batch_size", args.dev_batch_size),
+        ("time_budget_s", args.time_budget_s),
+        ("finalists", args.finalists),
+    ):
         if value is not None:
             search[key] = value
     request["name"] = f"evolve-bench {args.preset}"
@@ -82,9 +87,11 @@ def bench_service(args: argparse.Namespace):
 
     root = PROJECT_ROOT / "bench" / "out" / "evolve-bench"
     root.mkdir(parents=True, exist_ok=True)
-    settings = load_settings(data_dir=Path(args.data_dir).resolve(),
-                             database={"url": f"sqlite:///{root / 'alloy.db'}"},
-                             artifacts={"uri": str(root / "artifacts")})
+    settings = load_settings(
+        data_dir=Path(args.data_dir).resolve(),
+        database={"url": f"sqlite:///{root / 'alloy.db'}"},
+        artifacts={"uri": str(root / "artifacts")},
+    )
     service = EvolutionService.from_settings(settings)
     service.db.upgrade()
     return service
@@ -137,8 +144,9 @@ class Models:
         self.tensors = as_tensors(load_parents(self.inputs.parents))
         data = InMemoryDatasets.read(self.inputs.source, self.inputs.dataset_ids, ["dev", "test"])
         skeleton = str(self.inputs.parents[self.inputs.base_model])
-        self.evaluators = {split: CandidateEvaluator(skeleton, data, self.inputs.dataset_ids, split)
-                           for split in ("dev", "test")}
+        self.evaluators = {
+            split: CandidateEvaluator(skeleton, data, self.inputs.dataset_ids, split) for split in ("dev", "test")
+        }
 
     def mean_score(self, state, split: str) -> float:
         metrics = self.evaluators[split].score(state)
@@ -150,12 +158,22 @@ def grid_recipes(base: str, tunes: list[str]):
 
     models = [{"model": m} for m in tunes]
     for lam in GRID_TA_LAMBDAS:
-        yield f"task arithmetic λ={lam:g}", "task_arithmetic", MergeRecipe(
-            strategy="task_arithmetic", base_model=base, models=models, parameters={"lambda": lam})
+        yield (
+            f"task arithmetic λ={lam:g}",
+            "task_arithmetic",
+            MergeRecipe(strategy="task_arithmetic", base_model=base, models=models, parameters={"lambda": lam}),
+        )
     for density, lam in GRID_TIES:
-        yield f"TIES keep {density:.0%} λ={lam:g}", "ties", MergeRecipe(
-            strategy="ties", base_model=base, models=[{**m, "parameters": {"density": density}} for m in models],
-            parameters={"lambda": lam})
+        yield (
+            f"TIES keep {density:.0%} λ={lam:g}",
+            "ties",
+            MergeRecipe(
+                strategy="ties",
+                base_model=base,
+                models=[{**m, "parameters": {"density": density}} for m in models],
+                parameters={"lambda": lam},
+            ),
+        )
 
 
 def grid_from_json(path: Path) -> dict[str, dict[str, Any]] | None:
@@ -170,8 +188,12 @@ def grid_from_json(path: Path) -> dict[str, dict[str, Any]] | None:
         if not candidates:
             return None
         row = max(candidates, key=lambda r: statistics.fmean(r["scores"]["dev"].values()))
-        best[family] = {"name": row["name"], "dev": statistics.fmean(row["scores"]["dev"].values()),
-                        "test": statistics.fmean(row["scores"]["test"].values()), "source": str(path)}
+        best[family] = {
+            "name": row["name"],
+            "dev": statistics.fmean(row["scores"]["dev"].values()),
+            "test": statistics.fmean(row["scores"]["test"].values()),
+            "source": str(path),
+        }
     return best
 
 
@@ -217,7 +239,9 @@ def concurrent_trials(search: dict[str, Any], cpus: int) -> int:
 
 
 # ---- report ---------------------------------------------------------------------------------------------
-def table(result: dict[str, Any], grid: dict[str, dict[str, Any]], parents: list[str], base: str) -> list[tuple[str, float]]:
+def table(
+    result: dict[str, Any], grid: dict[str, dict[str, Any]], parents: list[str], base: str
+) -> list[tuple[str, float]]:
     scores = result["test"]["scores"]
     rows = [(f"evolved ({result['search']['kind']}, {result['model_id']})", scores[result["model_id"]])]
     rows += [(f"parent {m}", scores[m]) for m in parents]
@@ -248,28 +272,47 @@ def main(argv: list[str] | None = None) -> int:
     per_candidate_s = search["search_wall_s"] * slots / max(evaluated, 1)
     rows = table(result, grid, models.space.models, models.space.base_model)
     metric = result["test"]["metric"]
-    print(f"\n## evolve bench: {args.preset}, test {metric} (held-out), {search['kind']} "
-          f"population {search['population']} x {search['generations']} generations\n")
+    print(
+        f"\n## evolve bench: {args.preset}, test {metric} (held-out), {search['kind']} "
+        f"population {search['population']} x {search['generations']} generations\n"
+    )
     print(f"| model | test {metric} |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {100 * value:.1f} |")
     evolved = rows[0][1]
     best_parent = max(result["test"]["scores"][m] for m in models.space.models)
     best_grid = max(row["test"] for row in grid.values())
-    print(f"\nevolved - best parent: {100 * (evolved - best_parent):+.1f} points; "
-          f"evolved - best grid merge: {100 * (evolved - best_grid):+.1f} points")
-    print(f"candidates: {evaluated} in {search['search_wall_s']:.0f}s of search = "
-          f"{search['candidates_per_minute']:.2f} candidates/minute")
-    print(f"one candidate: {per_candidate_s:.2f}s of a trial slot in the search ({slots} trials at once) vs "
-          f"{bare_s:.2f}s bare in-memory merge + evaluation = orchestration overhead x{per_candidate_s / bare_s:.2f}")
-    print(f"finalize (finalists on full dev, merge to disk, register, test scores): {result['finalize_s']:.0f}s; "
-          f"bench total {time.perf_counter() - bench_started:.0f}s", flush=True)
+    print(
+        f"\nevolved - best parent: {100 * (evolved - best_parent):+.1f} points; "
+        f"evolved - best grid merge: {100 * (evolved - best_grid):+.1f} points"
+    )
+    print(
+        f"candidates: {evaluated} in {search['search_wall_s']:.0f}s of search = "
+        f"{search['candidates_per_minute']:.2f} candidates/minute"
+    )
+    print(
+        f"one candidate: {per_candidate_s:.2f}s of a trial slot in the search ({slots} trials at once) vs "
+        f"{bare_s:.2f}s bare in-memory merge + evaluation = orchestration overhead x{per_candidate_s / bare_s:.2f}"
+    )
+    print(
+        f"finalize (finalists on full dev, merge to disk, register, test scores): {result['finalize_s']:.0f}s; "
+        f"bench total {time.perf_counter() - bench_started:.0f}s",
+        flush=True,
+    )
 
     if args.json:
-        out = {"preset": args.preset, "request": request, "result": result, "grid": grid,
-               "table": [{"model": n, "test": v} for n, v in rows],
-               "candidates_per_minute": search["candidates_per_minute"], "seconds_per_candidate": per_candidate_s,
-               "concurrent_trials": slots, "bare_candidate_s": bare_s, "overhead_ratio": per_candidate_s / bare_s}
+        out = {
+            "preset": args.preset,
+            "request": request,
+            "result": result,
+            "grid": grid,
+            "table": [{"model": n, "test": v} for n, v in rows],
+            "candidates_per_minute": search["candidates_per_minute"],
+            "seconds_per_candidate": per_candidate_s,
+            "concurrent_trials": slots,
+            "bare_candidate_s": bare_s,
+            "overhead_ratio": per_candidate_s / bare_s,
+        }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))
     return 0

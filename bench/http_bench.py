@@ -49,8 +49,11 @@ async def poll(url: str, key: str, requests: int, concurrency: int) -> dict[str,
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    return {"p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * percentile(latencies, 0.99),
-            "rps": requests / elapsed}
+    return {
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * percentile(latencies, 0.99),
+        "rps": requests / elapsed,
+    }
 
 
 def start_plain_uvicorn(settings, port: int):
@@ -79,12 +82,12 @@ def main() -> None:
     import ray
 
     from alloy.config import load_settings
-    from alloy.storage.db import Database
-    from alloy.jobs.store import JobKind, JobStore
-    from alloy.storage.keys import ApiKeyStore
     from alloy.control.ports import pick_port_block
     from alloy.control.ray_head import start_ray_head, stop_ray_head
     from alloy.control.serve_deploy import deploy_serve_config, load_serve_config, wait_http_ready
+    from alloy.jobs.store import JobKind, JobStore
+    from alloy.storage.db import Database
+    from alloy.storage.keys import ApiKeyStore
 
     data_dir = Path(tempfile.mkdtemp(prefix="alloy-bench-"))
     settings = load_settings(data_dir=str(data_dir))
@@ -100,8 +103,11 @@ def main() -> None:
     try:
         head.apply_env()
         ray.init(address=head.address, log_to_driver=False)
-        config = load_serve_config(ROOT / "configs" / "serve.yaml",
-                                   app_args={"settings": {"data_dir": str(data_dir)}}, http_port=head.http_port)
+        config = load_serve_config(
+            ROOT / "configs" / "serve.yaml",
+            app_args={"settings": {"data_dir": str(data_dir)}},
+            http_port=head.http_port,
+        )
         deploy_serve_config(config, timeout_s=600)
         serve_url = f"http://127.0.0.1:{head.http_port}/jobs/{job.id}"
         wait_http_ready(serve_url, timeout_s=120)
@@ -119,8 +125,10 @@ def main() -> None:
         for name, r in results.items():
             print(f"{name:<18}{r['p50_ms']:>10.2f}{r['p99_ms']:>10.2f}{r['rps']:>10.1f}")
         serve, plain = results["ray serve proxy"], results["plain uvicorn"]
-        print(f"ratio serve/plain: p50 x{serve['p50_ms'] / plain['p50_ms']:.2f}, "
-              f"p99 x{serve['p99_ms'] / plain['p99_ms']:.2f}, throughput x{serve['rps'] / plain['rps']:.2f}")
+        print(
+            f"ratio serve/plain: p50 x{serve['p50_ms'] / plain['p50_ms']:.2f}, "
+            f"p99 x{serve['p99_ms'] / plain['p99_ms']:.2f}, throughput x{serve['rps'] / plain['rps']:.2f}"
+        )
     finally:
         if server is not None:
             server.should_exit = True

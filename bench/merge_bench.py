@@ -35,12 +35,17 @@ STRATEGIES = {
     "ties": {"strategy": "ties", "models": ["base", "tune1", "tune2"], "parameters": {"density": 0.5}},
     "dare": {"strategy": "dare", "models": ["base", "tune1", "tune2"], "parameters": {"drop_rate": 0.5}},
     "slerp": {"strategy": "slerp", "models": ["base", "tune1"], "parameters": {"t": 0.5}},
-    "task_arithmetic": {"strategy": "task_arithmetic", "models": ["base", "tune1", "tune2"], "parameters": {"lambda": 1.0}},
+    "task_arithmetic": {
+        "strategy": "task_arithmetic",
+        "models": ["base", "tune1", "tune2"],
+        "parameters": {"lambda": 1.0},
+    },
 }
 DETERMINISTIC = {"ties", "slerp", "task_arithmetic"}  # DARE's random masks differ by construction
 
 
 # --- model building ----------------------------------------------------------------------------------------------
+
 
 def layer_shapes() -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN)}
@@ -49,8 +54,11 @@ def layer_shapes() -> dict[str, tuple[int, ...]]:
         shapes |= {p + "input_layernorm.weight": (HIDDEN,), p + "post_attention_layernorm.weight": (HIDDEN,)}
         for proj in ("q", "k", "v", "o"):
             shapes[p + f"self_attn.{proj}_proj.weight"] = (HIDDEN, HIDDEN)
-        shapes |= {p + "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN), p + "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
-                   p + "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE)}
+        shapes |= {
+            p + "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+            p + "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+            p + "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
+        }
     shapes |= {"model.norm.weight": (HIDDEN,), "lm_head.weight": (VOCAB, HIDDEN)}
     return shapes
 
@@ -61,10 +69,17 @@ def build_models(root: Path) -> dict[str, Path]:
     from safetensors.torch import save_file
 
     paths = {name: root / name for name in ("base", "tune1", "tune2")}
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-                                      num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-                                      tie_word_embeddings=False, max_position_embeddings=2048,
-                                      architectures=["LlamaForCausalLM"])
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        tie_word_embeddings=False,
+        max_position_embeddings=2048,
+        architectures=["LlamaForCausalLM"],
+    )
     if all((p / "model.safetensors").exists() for p in paths.values()):
         for path in paths.values():
             config.save_pretrained(str(path))
@@ -84,6 +99,7 @@ def build_models(root: Path) -> dict[str, Path]:
 
 
 # --- the naive baseline (mergekit 0.1.5's maths, everything in memory) -------------------------------------------
+
 
 def naive_merge(spec: dict, paths: dict[str, Path], out_dir: Path, seed: int = 0) -> None:
     import torch
@@ -137,10 +153,13 @@ def naive_slerp(v0, v1, t, eps=1e-8):
         return (1 - t) * v0 + t * v1
     theta = torch.acos(torch.tensor(dot)).item()
     s = torch.sin(torch.tensor(theta)).item()
-    return (torch.sin(torch.tensor((1 - t) * theta)).item() / s) * v0 + (torch.sin(torch.tensor(t * theta)).item() / s) * v1
+    return (torch.sin(torch.tensor((1 - t) * theta)).item() / s) * v0 + (
+        torch.sin(torch.tensor(t * theta)).item() / s
+    ) * v1
 
 
 # --- child processes ------------------------------------------------------------------------------------------------
+
 
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
@@ -156,8 +175,9 @@ def child(kind: str, strategy: str, root: Path, out_dir: Path, compare_with: str
         from alloy.merge.executor import execute_merge
         from alloy.merge.recipe import MergeRecipe, ModelRef
 
-        recipe = MergeRecipe(strategy=spec["strategy"], models=[ModelRef(model=m) for m in spec["models"]],
-                             parameters=spec["parameters"])
+        recipe = MergeRecipe(
+            strategy=spec["strategy"], models=[ModelRef(model=m) for m in spec["models"]], parameters=spec["parameters"]
+        )
         execute_merge(recipe, paths, out_dir)
     wall = time.perf_counter() - started
     report = {"wall_s": wall, "peak_rss": peak_rss_bytes()}
@@ -183,7 +203,18 @@ def max_abs_diff(a: Path, b: Path) -> float:
 
 
 def run_child(kind: str, strategy: str, root: Path, out_dir: Path, compare_with: Path | None = None) -> dict:
-    command = [sys.executable, __file__, "--child", kind, "--strategy", strategy, "--root", str(root), "--out", str(out_dir)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind,
+        "--strategy",
+        strategy,
+        "--root",
+        str(root),
+        "--out",
+        str(out_dir),
+    ]
     if compare_with:
         command += ["--compare-with", str(compare_with)]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -195,15 +226,22 @@ def run_mergekit(mergekit: str, root: Path, out_dir: Path) -> dict:
     recipe.write_text(
         f"merge_method: ties\nbase_model: {root / 'base'}\nmodels:\n  - model: {root / 'base'}\n"
         + "".join(f"  - model: {root / m}\n    parameters: {{weight: 1.0, density: 0.5}}\n" for m in ("tune1", "tune2"))
-        + "parameters: {normalize: true}\ndtype: float32\n")
+        + "parameters: {normalize: true}\ndtype: float32\n"
+    )
     # A fresh wrapper process waits for mergekit, so RUSAGE_CHILDREN there is mergekit's own peak.
-    wrapper = ("import json, resource, subprocess, sys, time; t = time.perf_counter(); "
-               "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True); "
-               "w = time.perf_counter() - t; sys.stderr.write(p.stderr[-2000:] if p.returncode else ''); "
-               "print('RESULT ' + json.dumps({'wall_s': w, 'rc': p.returncode, "
-               "'peak_rss': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))")
-    done = subprocess.run([sys.executable, "-c", wrapper, mergekit, str(recipe), str(out_dir), "--no-copy-tokenizer"],
-                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    wrapper = (
+        "import json, resource, subprocess, sys, time; t = time.perf_counter(); "
+        "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True); "
+        "w = time.perf_counter() - t; sys.stderr.write(p.stderr[-2000:] if p.returncode else ''); "
+        "print('RESULT ' + json.dumps({'wall_s': w, 'rc': p.returncode, "
+        "'peak_rss': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", wrapper, mergekit, str(recipe), str(out_dir), "--no-copy-tokenizer"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
     if result["rc"]:
         raise RuntimeError(f"mergekit failed: {done.stderr}")
@@ -234,12 +272,20 @@ def main() -> None:
 
     args.root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-                    f"import merge_bench; merge_bench.build_models(__import__('pathlib').Path({str(args.root)!r}))"],
-                   check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"import merge_bench; merge_bench.build_models(__import__('pathlib').Path({str(args.root)!r}))",
+        ],
+        check=True,
+    )
     size = sum(p.stat().st_size for p in args.root.glob("*/model.safetensors")) / 3
-    print(f"models: 3 x {size / 1e9:.2f} GB fp32 (hidden {HIDDEN}, {LAYERS} layers, vocab {VOCAB}), "
-          f"built/found in {time.perf_counter() - started:.0f}s; {os.cpu_count()} CPUs")
+    print(
+        f"models: 3 x {size / 1e9:.2f} GB fp32 (hidden {HIDDEN}, {LAYERS} layers, vocab {VOCAB}), "
+        f"built/found in {time.perf_counter() - started:.0f}s; {os.cpu_count()} CPUs"
+    )
     warm_page_cache(args.root)
 
     rows = []
@@ -252,15 +298,16 @@ def main() -> None:
         for folder in (baseline_out, alloy_out):
             shutil.rmtree(folder, ignore_errors=True)
         baseline = run_child("baseline", strategy, args.root, baseline_out)
-        alloy = run_child("alloy", strategy, args.root, alloy_out,
-                          compare_with=baseline_out if strategy in DETERMINISTIC else None)
+        alloy = run_child(
+            "alloy", strategy, args.root, alloy_out, compare_with=baseline_out if strategy in DETERMINISTIC else None
+        )
         rows += [(strategy, "baseline", baseline), (strategy, "alloy", alloy)]
         if strategy == "ties" and args.mergekit:
             alloy["vs_mergekit"] = max_abs_diff(alloy_out, args.root / "out-mergekit")
         print_row(strategy, baseline, alloy)
         shutil.rmtree(baseline_out, ignore_errors=True)
         shutil.rmtree(alloy_out, ignore_errors=True)
-    for strategy, kind, result in rows:
+    for _strategy, kind, result in rows:
         if kind == "mergekit":
             print(f"mergekit-yaml ties: wall {result['wall_s']:.1f}s, peak RSS {result['peak_rss'] / 1e9:.2f} GB")
     shutil.rmtree(args.root / "out-mergekit", ignore_errors=True)
@@ -269,9 +316,11 @@ def main() -> None:
 
 
 def print_row(strategy: str, baseline: dict, alloy: dict) -> None:
-    line = (f"{strategy:16s} baseline {baseline['wall_s']:6.1f}s {baseline['peak_rss'] / 1e9:5.2f} GB | "
-            f"alloy {alloy['wall_s']:6.1f}s {alloy['peak_rss'] / 1e9:5.2f} GB | "
-            f"ratio wall {alloy['wall_s'] / baseline['wall_s']:.2f}x RSS {alloy['peak_rss'] / baseline['peak_rss']:.2f}x")
+    line = (
+        f"{strategy:16s} baseline {baseline['wall_s']:6.1f}s {baseline['peak_rss'] / 1e9:5.2f} GB | "
+        f"alloy {alloy['wall_s']:6.1f}s {alloy['peak_rss'] / 1e9:5.2f} GB | "
+        f"ratio wall {alloy['wall_s'] / baseline['wall_s']:.2f}x RSS {alloy['peak_rss'] / baseline['peak_rss']:.2f}x"
+    )
     if "max_abs_diff" in alloy:
         line += f" | max|alloy-baseline| {alloy['max_abs_diff']:.2e}"
     if "vs_mergekit" in alloy:

@@ -21,17 +21,17 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import torch
+from safetensors.torch import load_file
 
-from alloy.evaluation.candidate import CandidateEvaluator  # noqa: E402
-from alloy.evaluation.dataset_sources import LocalDatasets  # noqa: E402
-from alloy.evaluation.tasks import higher_is_better  # noqa: E402
-from alloy.merge.executor import merge_state_dicts  # noqa: E402
-from alloy.merge.recipe import MergeRecipe  # noqa: E402
-from alloy.model_manifest import weight_files  # noqa: E402
-from alloy.zoo.manifest import ModelEntry, PresetManifest  # noqa: E402
-from alloy.zoo.presets import build_preset  # noqa: E402
+from alloy.evaluation.candidate import CandidateEvaluator
+from alloy.evaluation.dataset_sources import LocalDatasets
+from alloy.evaluation.tasks import higher_is_better
+from alloy.merge.executor import merge_state_dicts
+from alloy.merge.recipe import MergeRecipe
+from alloy.model_manifest import weight_files
+from alloy.zoo.manifest import ModelEntry, PresetManifest
+from alloy.zoo.presets import build_preset
 
 
 @dataclass
@@ -50,35 +50,76 @@ def load_state_dict(entry: ModelEntry) -> dict[str, torch.Tensor]:
     return state
 
 
-def merge_rows(base_id: str, tune_ids: list[str], lambdas: list[float], densities: list[float],
-               ties_lambdas: list[float], dare_drop: float, dare_lambdas: list[float]) -> list[Row]:
+def merge_rows(
+    base_id: str,
+    tune_ids: list[str],
+    lambdas: list[float],
+    densities: list[float],
+    ties_lambdas: list[float],
+    dare_drop: float,
+    dare_lambdas: list[float],
+) -> list[Row]:
     rows = [Row("uniform average", "average", MergeRecipe(strategy="linear", models=[{"model": m} for m in tune_ids]))]
     for lam in lambdas:
-        rows.append(Row(f"task arithmetic λ={lam:g}", "task_arithmetic", MergeRecipe(
-            strategy="task_arithmetic", base_model=base_id, models=[{"model": m} for m in tune_ids], parameters={"lambda": lam})))
+        rows.append(
+            Row(
+                f"task arithmetic λ={lam:g}",
+                "task_arithmetic",
+                MergeRecipe(
+                    strategy="task_arithmetic",
+                    base_model=base_id,
+                    models=[{"model": m} for m in tune_ids],
+                    parameters={"lambda": lam},
+                ),
+            )
+        )
     for density in densities:
         for lam in ties_lambdas:
-            rows.append(Row(f"TIES keep {density:.0%} λ={lam:g}", "ties", MergeRecipe(
-                strategy="ties", base_model=base_id, models=[{"model": m, "parameters": {"density": density}} for m in tune_ids],
-                parameters={"lambda": lam})))
+            rows.append(
+                Row(
+                    f"TIES keep {density:.0%} λ={lam:g}",
+                    "ties",
+                    MergeRecipe(
+                        strategy="ties",
+                        base_model=base_id,
+                        models=[{"model": m, "parameters": {"density": density}} for m in tune_ids],
+                        parameters={"lambda": lam},
+                    ),
+                )
+            )
     for lam in dare_lambdas:
-        rows.append(Row(f"DARE drop {dare_drop:.0%} + TA λ={lam:g}", "dare", MergeRecipe(
-            strategy="dare", base_model=base_id, models=[{"model": m, "parameters": {"drop_rate": dare_drop}} for m in tune_ids],
-            parameters={"lambda": lam}, seed=0)))
+        rows.append(
+            Row(
+                f"DARE drop {dare_drop:.0%} + TA λ={lam:g}",
+                "dare",
+                MergeRecipe(
+                    strategy="dare",
+                    base_model=base_id,
+                    models=[{"model": m, "parameters": {"drop_rate": dare_drop}} for m in tune_ids],
+                    parameters={"lambda": lam},
+                    seed=0,
+                ),
+            )
+        )
     return rows
 
 
 class Scorer:
-    def __init__(self, manifest: PresetManifest, base: ModelEntry, dataset_ids: list[str], splits: list[str], batch_size: int):
+    def __init__(
+        self, manifest: PresetManifest, base: ModelEntry, dataset_ids: list[str], splits: list[str], batch_size: int
+    ):
         source = LocalDatasets(manifest.datasets)
         started = time.perf_counter()
-        self.evaluators = {s: CandidateEvaluator(base.path, source, dataset_ids, s, batch_size=batch_size) for s in splits}
+        self.evaluators = {
+            s: CandidateEvaluator(base.path, source, dataset_ids, s, batch_size=batch_size) for s in splits
+        }
         self.setup_seconds = time.perf_counter() - started
         self.seconds: dict[str, float] = {s: 0.0 for s in splits}
         self.evaluations = 0
 
-    def score(self, state: dict[str, torch.Tensor], only: list[str] | None = None,
-              splits: list[str] | None = None) -> dict[str, dict[str, float]]:
+    def score(
+        self, state: dict[str, torch.Tensor], only: list[str] | None = None, splits: list[str] | None = None
+    ) -> dict[str, dict[str, float]]:
         """Scores per split and dataset; ``only`` restricts the datasets, ``splits`` the splits."""
         out = {}
         for split, evaluator in self.evaluators.items():
@@ -87,7 +128,9 @@ class Scorer:
             started = time.perf_counter()
             subset = None
             if only is not None:  # datasets not asked for get an empty selection
-                subset = {d.dataset_id: (list(range(len(d))) if d.dataset_id in only else []) for d in evaluator.datasets}
+                subset = {
+                    d.dataset_id: (list(range(len(d))) if d.dataset_id in only else []) for d in evaluator.datasets
+                }
             scores = evaluator.score(state, subset)
             out[split] = {d: scores[d] for d in evaluator.dataset_ids if only is None or d in only}
             self.seconds[split] += time.perf_counter() - started
@@ -124,8 +167,10 @@ def best(rows: list[Row], family: str, split: str, higher: bool) -> Row:
 def run_family(manifest: PresetManifest, base: ModelEntry, args) -> dict:
     tunes = [m for m in manifest.finetunes(base.model_id) if m.task]
     datasets = [t.task for t in tunes]
-    higher = all(higher_is_better("perplexity" if manifest.dataset(d).task.get("type") == "perplexity" else "accuracy")
-                 for d in datasets)
+    higher = all(
+        higher_is_better("perplexity" if manifest.dataset(d).task.get("type") == "perplexity" else "accuracy")
+        for d in datasets
+    )
     percent = higher
     short = {d: d.split("-", 1)[1] if "-" in d else d for d in datasets}
     print(f"\n## {manifest.preset}: base {base.model_id}, {len(tunes)} fine-tunes, splits {args.split}\n", flush=True)
@@ -134,12 +179,22 @@ def run_family(manifest: PresetManifest, base: ModelEntry, args) -> dict:
     states = {base.model_id: load_state_dict(base)}
     states.update({t.model_id: load_state_dict(t) for t in tunes})
     scorer = Scorer(manifest, base, datasets, args.splits, args.batch_size)
-    print(f"(loaded {len(states)} models and prepared {len(datasets)} datasets in {time.perf_counter() - started:.1f}s)", flush=True)
+    print(
+        f"(loaded {len(states)} models and prepared {len(datasets)} datasets in {time.perf_counter() - started:.1f}s)",
+        flush=True,
+    )
 
     rows = [Row(f"base ({base.model_id})", "base", model_id=base.model_id)]
     rows += [Row(f"fine-tune {short[t.task]}", "fine-tune", model_id=t.model_id) for t in tunes]
-    rows += merge_rows(base.model_id, [t.model_id for t in tunes], args.lambdas, args.densities, args.ties_lambdas,
-                       args.dare_drop, args.dare_lambdas)
+    rows += merge_rows(
+        base.model_id,
+        [t.model_id for t in tunes],
+        args.lambdas,
+        args.densities,
+        args.ties_lambdas,
+        args.dare_drop,
+        args.dare_lambdas,
+    )
     merge_seconds = 0.0
     for row in rows:
         if row.recipe is None:
@@ -149,18 +204,29 @@ def run_family(manifest: PresetManifest, base: ModelEntry, args) -> dict:
             state = merge_state_dicts(row.recipe, states)
             merge_seconds += time.perf_counter() - t0
         row.scores = scorer.score(state)
-        print(f"  scored {row.name}: " + ", ".join(f"{s} {fmt(mean(v.values()), percent)}" for s, v in row.scores.items()), flush=True)
+        print(
+            f"  scored {row.name}: "
+            + ", ".join(f"{s} {fmt(mean(v.values()), percent)}" for s, v in row.scores.items()),
+            flush=True,
+        )
 
     eval_split, select_split = args.splits[-1], args.splits[0]
     own = {t.task: next(r for r in rows if r.model_id == t.model_id).scores for t in tunes}
-    fine_row = Row("each fine-tune on its own task", "summary",
-                   scores={s: {d: own[d][s][d] for d in datasets} for s in args.splits})
+    fine_row = Row(
+        "each fine-tune on its own task",
+        "summary",
+        scores={s: {d: own[d][s][d] for d in datasets} for s in args.splits},
+    )
     print()
-    print_table(rows[:1] + rows[1:1 + len(tunes)] + [fine_row] + rows[1 + len(tunes):], datasets, args.splits, percent, short)
+    print_table(
+        rows[:1] + rows[1 : 1 + len(tunes)] + [fine_row] + rows[1 + len(tunes) :], datasets, args.splits, percent, short
+    )
 
     chosen = {f: best(rows, f, select_split, higher) for f in ("average", "task_arithmetic", "ties", "dare")}
-    print(f"\nChosen on {select_split} (reported on {eval_split}): " + "; ".join(
-        f"{r.name} = {fmt(mean(r.scores[eval_split].values()), percent)}" for r in chosen.values()))
+    print(
+        f"\nChosen on {select_split} (reported on {eval_split}): "
+        + "; ".join(f"{r.name} = {fmt(mean(r.scores[eval_split].values()), percent)}" for r in chosen.values())
+    )
 
     # Retention as the number of merged tasks grows (prefixes of the task list), chosen hyper-parameters.
     retention: dict[str, dict[int, float]] = {}
@@ -169,23 +235,36 @@ def run_family(manifest: PresetManifest, base: ModelEntry, args) -> dict:
         counts = list(range(2, len(tunes) + 1))
         print("| method | " + " | ".join(f"{k} tasks" for k in counts) + " |")
         print("|---|" + "---|" * len(counts))
-        for family, row in chosen.items():
+        for _family, row in chosen.items():
             retention[row.name] = {}
             for k in counts:
                 subset = tunes[:k]
                 ids = [t.model_id for t in subset]
                 recipe = row.recipe.model_copy(update={"models": [m for m in row.recipe.models if m.model in ids]})
-                scores = scorer.score(merge_state_dicts(recipe, states), only=[t.task for t in subset],
-                                      splits=[eval_split])[eval_split]
+                scores = scorer.score(
+                    merge_state_dicts(recipe, states), only=[t.task for t in subset], splits=[eval_split]
+                )[eval_split]
                 retention[row.name][k] = mean(scores[t.task] / own[t.task][eval_split][t.task] for t in subset)
-            print(f"| {row.name} | " + " | ".join(f"{100 * retention[row.name][k]:.1f}%" for k in counts) + " |", flush=True)
+            print(
+                f"| {row.name} | " + " | ".join(f"{100 * retention[row.name][k]:.1f}%" for k in counts) + " |",
+                flush=True,
+            )
 
-    timing = {"setup_s": round(scorer.setup_seconds, 1), "merge_s": round(merge_seconds, 1),
-              "eval_s": {s: round(v, 1) for s, v in scorer.seconds.items()}, "models_scored": len(rows),
-              "examples": {s: sum(len(d) for d in e.datasets) for s, e in scorer.evaluators.items()}}
+    timing = {
+        "setup_s": round(scorer.setup_seconds, 1),
+        "merge_s": round(merge_seconds, 1),
+        "eval_s": {s: round(v, 1) for s, v in scorer.seconds.items()},
+        "models_scored": len(rows),
+        "examples": {s: sum(len(d) for d in e.datasets) for s, e in scorer.evaluators.items()},
+    }
     print(f"\nTimes: {json.dumps(timing)}", flush=True)
-    return {"base": base.model_id, "rows": [{"name": r.name, "family": r.family, "scores": r.scores} for r in rows],
-            "chosen": {f: r.name for f, r in chosen.items()}, "retention": retention, "timing": timing}
+    return {
+        "base": base.model_id,
+        "rows": [{"name": r.name, "family": r.family, "scores": r.scores} for r in rows],
+        "chosen": {f: r.name for f, r in chosen.items()},
+        "retention": retention,
+        "timing": timing,
+    }
 
 
 def perplexity_rows(base: ModelEntry, tunes: list[ModelEntry], num_layers: int) -> list[Row]:
@@ -193,22 +272,73 @@ def perplexity_rows(base: ModelEntry, tunes: list[ModelEntry], num_layers: int) 
     ids = [t.model_id for t in tunes]
     rows = []
     if len(ids) >= 2:
-        rows.append(Row("uniform average", "average", MergeRecipe(strategy="linear", models=[{"model": m} for m in ids])))
+        rows.append(
+            Row("uniform average", "average", MergeRecipe(strategy="linear", models=[{"model": m} for m in ids]))
+        )
         for lam in (0.5, 1.0):
-            rows.append(Row(f"task arithmetic λ={lam:g}", "task_arithmetic", MergeRecipe(
-                strategy="task_arithmetic", base_model=base.model_id, models=[{"model": m} for m in ids], parameters={"lambda": lam})))
-        rows.append(Row("TIES keep 50% λ=1", "ties", MergeRecipe(
-            strategy="ties", base_model=base.model_id, models=[{"model": m, "parameters": {"density": 0.5}} for m in ids],
-            parameters={"lambda": 1.0})))
-        rows.append(Row(f"slerp t=0.5 ({ids[0]}, {ids[1]})", "slerp", MergeRecipe(
-            strategy="slerp", base_model=ids[0], models=[{"model": ids[0]}, {"model": ids[1]}], parameters={"t": 0.5})))
+            rows.append(
+                Row(
+                    f"task arithmetic λ={lam:g}",
+                    "task_arithmetic",
+                    MergeRecipe(
+                        strategy="task_arithmetic",
+                        base_model=base.model_id,
+                        models=[{"model": m} for m in ids],
+                        parameters={"lambda": lam},
+                    ),
+                )
+            )
+        rows.append(
+            Row(
+                "TIES keep 50% λ=1",
+                "ties",
+                MergeRecipe(
+                    strategy="ties",
+                    base_model=base.model_id,
+                    models=[{"model": m, "parameters": {"density": 0.5}} for m in ids],
+                    parameters={"lambda": 1.0},
+                ),
+            )
+        )
+        rows.append(
+            Row(
+                f"slerp t=0.5 ({ids[0]}, {ids[1]})",
+                "slerp",
+                MergeRecipe(
+                    strategy="slerp",
+                    base_model=ids[0],
+                    models=[{"model": ids[0]}, {"model": ids[1]}],
+                    parameters={"t": 0.5},
+                ),
+            )
+        )
     for model_id in ids:
-        rows.append(Row(f"slerp t=0.5 (base, {model_id})", "slerp", MergeRecipe(
-            strategy="slerp", base_model=base.model_id, models=[{"model": base.model_id}, {"model": model_id}], parameters={"t": 0.5})))
+        rows.append(
+            Row(
+                f"slerp t=0.5 (base, {model_id})",
+                "slerp",
+                MergeRecipe(
+                    strategy="slerp",
+                    base_model=base.model_id,
+                    models=[{"model": base.model_id}, {"model": model_id}],
+                    parameters={"t": 0.5},
+                ),
+            )
+        )
     two_thirds, third = (2 * num_layers) // 3, num_layers // 3
-    rows.append(Row(f"franken base[0:{two_thirds}] + base[{third}:{num_layers}]", "franken", MergeRecipe(
-        strategy="franken_merge", slices=[{"model": base.model_id, "layer_range": [0, two_thirds]},
-                                          {"model": base.model_id, "layer_range": [third, num_layers]}])))
+    rows.append(
+        Row(
+            f"franken base[0:{two_thirds}] + base[{third}:{num_layers}]",
+            "franken",
+            MergeRecipe(
+                strategy="franken_merge",
+                slices=[
+                    {"model": base.model_id, "layer_range": [0, two_thirds]},
+                    {"model": base.model_id, "layer_range": [third, num_layers]},
+                ],
+            ),
+        )
+    )
     return rows
 
 
@@ -221,13 +351,19 @@ def run_perplexity_family(manifest: PresetManifest, base: ModelEntry, args) -> d
     tunes = manifest.finetunes(base.model_id)
     datasets = [d.dataset_id for d in manifest.datasets if d.task.get("type") == "perplexity"]
     short = {d: d.rsplit("-", 1)[-1] for d in datasets}
-    print(f"\n## {manifest.preset}: base {base.model_id}, {len(tunes)} fine-tunes, perplexity on {args.split}\n", flush=True)
+    print(
+        f"\n## {manifest.preset}: base {base.model_id}, {len(tunes)} fine-tunes, perplexity on {args.split}\n",
+        flush=True,
+    )
     started = time.perf_counter()
     states = {base.model_id: load_state_dict(base)}
     states.update({t.model_id: load_state_dict(t) for t in tunes})
     scorer = Scorer(manifest, base, datasets, args.splits, args.batch_size)
     num_layers = scorer.evaluators[args.splits[0]].loaded.model.config.num_hidden_layers
-    print(f"(loaded {len(states)} models, prepared {len(datasets)} datasets in {time.perf_counter() - started:.1f}s)", flush=True)
+    print(
+        f"(loaded {len(states)} models, prepared {len(datasets)} datasets in {time.perf_counter() - started:.1f}s)",
+        flush=True,
+    )
     rows = [Row(f"base ({base.model_id})", "base", model_id=base.model_id)]
     rows += [Row(f"fine-tune {t.model_id}", "fine-tune", model_id=t.model_id) for t in tunes]
     rows += perplexity_rows(base, tunes, num_layers)
@@ -245,22 +381,38 @@ def run_perplexity_family(manifest: PresetManifest, base: ModelEntry, args) -> d
                 row.scores = {}
                 for split in args.splits:
                     e0 = time.perf_counter()
-                    row.scores[split] = {k: v for k, v in CandidateEvaluator(
-                        Path(scratch) / "out", source, datasets, split, batch_size=args.batch_size).score_loaded().items()
-                        if k in datasets}
+                    row.scores[split] = {
+                        k: v
+                        for k, v in CandidateEvaluator(
+                            Path(scratch) / "out", source, datasets, split, batch_size=args.batch_size
+                        )
+                        .score_loaded()
+                        .items()
+                        if k in datasets
+                    }
                     scorer.seconds[split] += time.perf_counter() - e0
         else:
             state = merge_state_dicts(row.recipe, states)
             merge_seconds += time.perf_counter() - t0
             row.scores = scorer.score(state)
-        print(f"  scored {row.name}: " + ", ".join(f"{s} {mean(v.values()):.2f}" for s, v in row.scores.items()), flush=True)
+        print(
+            f"  scored {row.name}: " + ", ".join(f"{s} {mean(v.values()):.2f}" for s, v in row.scores.items()),
+            flush=True,
+        )
     print()
     print_table(rows, datasets, args.splits, False, short)
-    timing = {"setup_s": round(scorer.setup_seconds, 1), "merge_s": round(merge_seconds, 1),
-              "eval_s": {s: round(v, 1) for s, v in scorer.seconds.items()}, "models_scored": len(rows)}
+    timing = {
+        "setup_s": round(scorer.setup_seconds, 1),
+        "merge_s": round(merge_seconds, 1),
+        "eval_s": {s: round(v, 1) for s, v in scorer.seconds.items()},
+        "models_scored": len(rows),
+    }
     print(f"\nTimes: {json.dumps(timing)}", flush=True)
-    return {"base": base.model_id, "rows": [{"name": r.name, "family": r.family, "scores": r.scores} for r in rows],
-            "timing": timing}
+    return {
+        "base": base.model_id,
+        "rows": [{"name": r.name, "family": r.family, "scores": r.scores} for r in rows],
+        "timing": timing,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,8 +437,10 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     manifest = build_preset(args.preset, args.data_dir)
-    print(f"# merge quality: preset {args.preset} (build {manifest.build_seconds:.0f}s when built; "
-          f"ready in {time.perf_counter() - started:.1f}s now)")
+    print(
+        f"# merge quality: preset {args.preset} (build {manifest.build_seconds:.0f}s when built; "
+        f"ready in {time.perf_counter() - started:.1f}s now)"
+    )
     results = []
     bases = [m for m in manifest.models if m.role == "base" and (args.family is None or m.model_id == args.family)]
     for base in bases:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ray.exceptions import RayActorError, RayTaskError
+
 from alloy.errors import AlloyError, ErrorCode
 
 
 def unwrap_error(exc: BaseException) -> BaseException:
-    from ray.exceptions import RayActorError, RayTaskError
-
     cause = getattr(exc, "cause", None)
     if isinstance(exc, RayTaskError) and isinstance(cause, AlloyError):
         return AlloyError(cause.code, cause.message, cause.details)
@@ -35,7 +35,7 @@ async def call(handle, method: str, *args: Any, timeout_s: float | None = 60.0, 
         if timeout_s is None:
             return await response
         return await asyncio.wait_for(_await(response), timeout_s)
-    except BaseException as exc:  # noqa: BLE001 - re-raised, unwrapped
+    except BaseException as exc:
         unwrapped = unwrap_error(exc)
         if unwrapped is exc:
             raise

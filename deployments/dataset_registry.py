@@ -15,8 +15,14 @@ class DatasetRegistryDeployment:
         self.args, self.services = open_services(args)
         self.registry = self.services.datasets
 
-    def register(self, dataset_id: str, source: str, splits: dict | None = None, task: dict | None = None,
-                 owner: str | None = None):
+    def register(
+        self,
+        dataset_id: str,
+        source: str,
+        splits: dict | None = None,
+        task: dict | None = None,
+        owner: str | None = None,
+    ):
         kwargs: dict[str, Any] = {"splits": splits, "task": task}
         if owner is not None:
             kwargs["owner"] = owner

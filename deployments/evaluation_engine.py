@@ -19,8 +19,12 @@ from deployments.job_engine import JobEngine
 EVALUATIONS_PER_REPLICA = 1
 
 
-@serve.deployment(name=c.EVALUATION_ENGINE, max_ongoing_requests=EVALUATIONS_PER_REPLICA + 4,
-                  graceful_shutdown_timeout_s=300, graceful_shutdown_wait_loop_s=2)
+@serve.deployment(
+    name=c.EVALUATION_ENGINE,
+    max_ongoing_requests=EVALUATIONS_PER_REPLICA + 4,
+    graceful_shutdown_timeout_s=300,
+    graceful_shutdown_wait_loop_s=2,
+)
 class EvaluationEngine(JobEngine):
     COMPONENT = c.EVALUATION_ENGINE
     SLOTS = EVALUATIONS_PER_REPLICA
@@ -30,15 +34,27 @@ class EvaluationEngine(JobEngine):
         settings = self.services.settings.evaluation
         configure_threads(settings.threads)
         self.service = EvaluationService(
-            self.services.models, self.services.datasets, self.services.tracker, self.services.jobs,
-            self.services.store, cache_capacity=settings.cache_models, batch_size=settings.batch_size,
+            self.services.models,
+            self.services.datasets,
+            self.services.tracker,
+            self.services.jobs,
+            self.services.store,
+            cache_capacity=settings.cache_models,
+            batch_size=settings.batch_size,
             heartbeat_s=self.heartbeat_s,
         )
         self._start_jobs(self.service.job_runner)
 
-    async def evaluate(self, model_id: str, datasets: list[str], split: str = "test",
-                       batch_size: int | None = None, experiment_id: str | None = None) -> list[dict[str, Any]]:
+    async def evaluate(
+        self,
+        model_id: str,
+        datasets: list[str],
+        split: str = "test",
+        batch_size: int | None = None,
+        experiment_id: str | None = None,
+    ) -> list[dict[str, Any]]:
         """Synchronous evaluation of a registered model; EvalResult dicts."""
+
         def work() -> list[dict[str, Any]]:
             with self.job_runner.slot():
                 results = self.service.evaluate_model(model_id, datasets, split, batch_size, experiment_id)

@@ -19,9 +19,13 @@ from evolution.engine import EvolutionService
 EVOLUTIONS_PER_REPLICA = 1  # a search already fans out over the cluster
 
 
-@serve.deployment(name=c.EVOLUTION_ENGINE, max_ongoing_requests=EVOLUTIONS_PER_REPLICA + 4,
-                  graceful_shutdown_timeout_s=300, graceful_shutdown_wait_loop_s=2,
-                  ray_actor_options={"num_cpus": 0.25})
+@serve.deployment(
+    name=c.EVOLUTION_ENGINE,
+    max_ongoing_requests=EVOLUTIONS_PER_REPLICA + 4,
+    graceful_shutdown_timeout_s=300,
+    graceful_shutdown_wait_loop_s=2,
+    ray_actor_options={"num_cpus": 0.25},
+)
 class EvolutionEngine(JobEngine):
     COMPONENT = c.EVOLUTION_ENGINE
     SLOTS = EVOLUTIONS_PER_REPLICA
@@ -29,8 +33,16 @@ class EvolutionEngine(JobEngine):
     def __init__(self, args: dict[str, Any]):
         self._open(args)
         s = self.services
-        self.service = EvolutionService(s.settings, db=s.db, jobs=s.jobs, tracker=s.tracker, models=s.models,
-                                        datasets=s.datasets, store=s.store, heartbeat_s=self.heartbeat_s)
+        self.service = EvolutionService(
+            s.settings,
+            db=s.db,
+            jobs=s.jobs,
+            tracker=s.tracker,
+            models=s.models,
+            datasets=s.datasets,
+            store=s.store,
+            heartbeat_s=self.heartbeat_s,
+        )
         self._start_jobs(self.service.job_runner)
 
     def cancel(self, job_id: str) -> dict[str, Any]:

@@ -43,5 +43,5 @@ class ExperimentTrackerDeployment:
             return  # never opened: nothing buffered
         try:
             self.tracker.flush()
-        except Exception:  # noqa: BLE001 - best effort on the way out; logged
+        except Exception:
             logger.exception("tracker flush on shutdown failed")

@@ -49,8 +49,9 @@ class JobEngine:
     def _start_jobs(self, job_runner: JobRunner) -> None:
         self.job_runner = job_runner
         job_runner.limit_slots(self.SLOTS)
-        job_runner.start_sweeper(stale_after_s=self.args.job_stale_after_s, dispatch=self._dispatch,
-                                 interval_s=SWEEP_INTERVAL_S)
+        job_runner.start_sweeper(
+            stale_after_s=self.args.job_stale_after_s, dispatch=self._dispatch, interval_s=SWEEP_INTERVAL_S
+        )
 
     async def run_job(self, job_id: str) -> dict[str, Any]:
         """Run job ``job_id`` to its end; returns its final state."""
@@ -78,5 +79,5 @@ class JobEngine:
         if "tracker" in self.services.__dict__:  # opened: it may hold buffered writes
             try:
                 self.services.tracker.flush()
-            except Exception:  # noqa: BLE001 - best effort on the way out; logged
+            except Exception:
                 logger.exception("tracker flush at shutdown failed")

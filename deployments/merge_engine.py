@@ -38,9 +38,14 @@ class MergeEngineDeployment(JobEngine):
         settings = self.services.settings
         torch.set_num_threads(settings.merge.threads)  # per-tensor work is already spread over merge slots
         self.runner = MergeJobRunner(
-            self.services.jobs, self.services.models, settings.merge_work_dir,
-            device=settings.merge.device, shard_bytes=settings.merge.shard_bytes,
-            max_in_flight=settings.merge.max_in_flight, evaluate=self._evaluate, heartbeat_s=self.heartbeat_s,
+            self.services.jobs,
+            self.services.models,
+            settings.merge_work_dir,
+            device=settings.merge.device,
+            shard_bytes=settings.merge.shard_bytes,
+            max_in_flight=settings.merge.max_in_flight,
+            evaluate=self._evaluate,
+            heartbeat_s=self.heartbeat_s,
             cache_bytes=settings.merge.cache_bytes,
         )
         self._start_jobs(self.runner.job_runner)
@@ -48,9 +53,14 @@ class MergeEngineDeployment(JobEngine):
     def _evaluate(self, model_dir: Path, request: MergeRequest) -> dict[str, Any]:
         """In-process evaluation of the merged folder (it is local to this replica until registered)."""
         assert request.evaluate is not None
-        return evaluate_model_dir(model_dir, request.evaluate.datasets, request.evaluate.split,
-                                  datasets=self.services.datasets, db=self.services.db,
-                                  model_id=request.output_model_id)
+        return evaluate_model_dir(
+            model_dir,
+            request.evaluate.datasets,
+            request.evaluate.split,
+            datasets=self.services.datasets,
+            db=self.services.db,
+            model_id=request.output_model_id,
+        )
 
     def health(self) -> dict[str, Any]:
         return {**super().health(), "cache": self.cache_stats()}

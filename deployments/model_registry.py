@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins  # the deployment's own list() method shadows the name below it
 from typing import Any
 
 from ray import serve
@@ -30,7 +31,7 @@ class ModelRegistryDeployment:
     def delete(self, model_id: str) -> None:
         self.registry.delete(model_id)
 
-    def manifests(self, model_ids: list[str]) -> dict[str, Any]:
+    def manifests(self, model_ids: builtins.list[str]) -> dict[str, Any]:
         """Manifests of several models in one call (merge validation); an unknown id raises MODEL_NOT_FOUND."""
         return {model_id: self.registry.manifest(model_id) for model_id in model_ids}
 

@@ -17,13 +17,20 @@ from pydantic import BaseModel, Field
 
 from alloy.components import APP_NAME
 from alloy.config import Settings, load_settings
-
+from alloy.jobs.store import JobStore
+from alloy.registry.datasets import DatasetRegistry
+from alloy.registry.models import ModelRegistry
+from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.db import Database
+from alloy.storage.tracker import ExperimentTracker
 
 
 class AppArgs(BaseModel):
     """Typed arguments of the application builder (``args:`` in ``configs/serve.yaml``)."""
 
-    config_path: str | None = Field(None, description="Alloy YAML config file (default: ALLOY_CONFIG or configs/alloy.yaml)")
+    config_path: str | None = Field(
+        None, description="Alloy YAML config file (default: ALLOY_CONFIG or configs/alloy.yaml)"
+    )
     profile: Literal["cpu", "gpu"] | None = Field(None, description="Overrides the config's profile")
     public_url: str | None = Field(None, description="Base of absolute URLs (default: the request's base URL)")
     settings: dict[str, Any] = Field(default_factory=dict, description="Overrides of alloy Settings fields")
@@ -55,41 +62,29 @@ class Services:
 
     @cached_property
     def db(self):
-        from alloy.storage.db import Database
-
         db = Database.from_settings(self.settings)
         db.verify_schema()  # cold start step 3: refuse an old or newer schema with a clear message
         return db
 
     @cached_property
     def store(self):
-        from alloy.storage.artifacts import ArtifactStore
-
         return ArtifactStore(self.settings.artifacts_uri, self.settings.storage_options)
 
     @cached_property
     def jobs(self):
-        from alloy.jobs.store import JobStore
-
         return JobStore(self.db)
 
     @cached_property
     def models(self):
-        from alloy.registry.models import ModelRegistry
-
         return ModelRegistry.from_settings(self.settings, self.db, self.store)
 
     @cached_property
     def datasets(self):
-        from alloy.registry.datasets import DatasetRegistry
-
         roots = [Path(root) for root in self.settings.model_roots] + [Path(self.settings.data_dir)]
         return DatasetRegistry(self.db, self.store, roots=roots)
 
     @cached_property
     def tracker(self):
-        from alloy.storage.tracker import ExperimentTracker
-
         return ExperimentTracker(self.db)
 
     def close(self) -> None:

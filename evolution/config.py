@@ -46,9 +46,12 @@ class SearchSettings(BaseModel):
     resample_probability: float = Field(0.1, ge=0, le=1, description="PBT: chance a gene is redrawn uniformly")
     include_initial: bool = Field(True, description="seed the population with the genome's init values")
     init_spread: float | None = Field(
-        None, gt=0, le=1,
+        None,
+        gt=0,
+        le=1,
         description="start the population around the init genome (Gaussian, this fraction of each gene's range) "
-                    "instead of uniformly over the bounds; CMA-ES: its initial step size")
+        "instead of uniformly over the bounds; CMA-ES: its initial step size",
+    )
     dev_batch_size: int | None = Field(64, ge=1, description="examples per rotating dev batch; None: whole dev split")
     finalists: int = Field(3, ge=1, le=32, description="best distinct genomes re-scored on the whole dev split")
     cpus_per_trial: float = Field(0.5, gt=0, le=64)
@@ -64,7 +67,9 @@ class EvolutionSpec(BaseModel):
 
     name: str | None = Field(None, max_length=200)
     preset: str | None = Field(None, description="benchmark preset giving parents, base and datasets")
-    models: list[str] | None = Field(None, min_length=1, max_length=8, description="parents; default: the preset's fine-tunes")
+    models: list[str] | None = Field(
+        None, min_length=1, max_length=8, description="parents; default: the preset's fine-tunes"
+    )
     base_model: str | None = None
     datasets: list[str] | None = Field(None, min_length=1, description="fitness datasets; default: the preset's")
     dev_split: str = "dev"
@@ -76,7 +81,7 @@ class EvolutionSpec(BaseModel):
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
 
     @model_validator(mode="after")
-    def _parents_known(self) -> "EvolutionSpec":
+    def _parents_known(self) -> EvolutionSpec:
         if self.preset is None and (not self.models or not self.datasets):
             raise ValueError("give a preset, or both models and datasets")
         return self

@@ -19,12 +19,21 @@ from typing import Any
 from pydantic import BaseModel
 
 from alloy.errors import AlloyError, ErrorCode, not_found
+from alloy.evaluation.dataset_sources import LocalDatasets, RegistryDatasets
+from alloy.evaluation.loading import model_kind
 from alloy.jobs.skeleton import JobRun, JobRunner
-from alloy.jobs.store import JobKind, JobState
+from alloy.jobs.store import JobKind, JobState, JobStore
+from alloy.merge.executor import execute_merge, merge_state_dicts
+from alloy.registry.datasets import DatasetRegistry
+from alloy.registry.models import ModelRegistry
+from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.db import Database
+from alloy.storage.tracker import ExperimentTracker
+from alloy.zoo.presets import build_preset, register_preset
 from evolution.config import EvolutionSpec, parse_spec
 from evolution.finalize import Finalist, finalists, lineage_of, plot_fitness
 from evolution.genome import GenomeSpace
-from evolution.parents import ParentArrays, as_tensors, load_parents
+from evolution.parents import ParentArrays, as_tensors, load_parents, load_state_dict_arrays
 from evolution.runner import SearchOutcome, can_resume, run_search
 from evolution.scoring import CandidateScorer, InMemoryDatasets, ScorerSpec
 from evolution.search import cancel_flag, set_external_cancel_check
@@ -63,23 +72,23 @@ class EvolutionService:
         self.store = store
         # The search has no cancel point of its own: a shutdown's cancel is not acted on, the drain requeues the
         # job and the replay resumes it from its Tune checkpoints.
-        self.job_runner = JobRunner(jobs, JobKind.EVOLUTION, self._job_body, heartbeat_s=heartbeat_s,
-                                    claim_progress={"stage": "preparing"})
+        self.job_runner = JobRunner(
+            jobs, JobKind.EVOLUTION, self._job_body, heartbeat_s=heartbeat_s, claim_progress={"stage": "preparing"}
+        )
 
     @classmethod
-    def from_settings(cls, settings) -> "EvolutionService":
-        from alloy.storage.artifacts import ArtifactStore
-        from alloy.storage.db import Database
-        from alloy.jobs.store import JobStore
-        from alloy.registry.datasets import DatasetRegistry
-        from alloy.registry.models import ModelRegistry
-        from alloy.storage.tracker import ExperimentTracker
-
+    def from_settings(cls, settings) -> EvolutionService:
         db = Database.from_settings(settings)
         store = ArtifactStore.from_settings(settings)
-        return cls(settings, db=db, jobs=JobStore(db), tracker=ExperimentTracker(db),
-                   models=ModelRegistry.from_settings(settings, db, store), datasets=DatasetRegistry(db, store),
-                   store=store)
+        return cls(
+            settings,
+            db=db,
+            jobs=JobStore(db),
+            tracker=ExperimentTracker(db),
+            models=ModelRegistry.from_settings(settings, db, store),
+            datasets=DatasetRegistry(db, store),
+            store=store,
+        )
 
     @property
     def storage_path(self) -> Path:
@@ -110,21 +119,33 @@ class EvolutionService:
         # A replay after a forced shutdown continues the Tune experiment already on disk (Tuner.restore).
         resuming = can_resume(self.storage_path, job_id)
         run.transition(JobState.RUNNING, progress={**summary.progress(), "resumed_from_checkpoint": resuming})
-        sink = RecordingSink(job_id=job_id, experiment_id=experiment_id, tracker=self.tracker, jobs=self.jobs,
-                             summary=summary)
+        sink = RecordingSink(
+            job_id=job_id, experiment_id=experiment_id, tracker=self.tracker, jobs=self.jobs, summary=summary
+        )
         outcome = run_search(
-            run_name=job_id, storage_path=self.storage_path, space=space, settings=spec.search,
-            parents=parents, data=dev_data, device=self.settings.merge.device, sink=sink,
-            scorer=ScorerSpec(run=job_id, model_dir=str(self._skeleton_dir(inputs)),
-                              dataset_ids=inputs.dataset_ids, split=spec.dev_split),
+            run_name=job_id,
+            storage_path=self.storage_path,
+            space=space,
+            settings=spec.search,
+            parents=parents,
+            data=dev_data,
+            device=self.settings.merge.device,
+            sink=sink,
+            scorer=ScorerSpec(
+                run=job_id,
+                model_dir=str(self._skeleton_dir(inputs)),
+                dataset_ids=inputs.dataset_ids,
+                split=spec.dev_split,
+            ),
         )
         self.tracker.flush()
         if outcome.cancelled:
             raise AlloyError(ErrorCode.CANCELLED, "evolution cancelled on request")
         candidates = self._all_candidates(experiment_id, outcome)
         if not candidates:
-            raise AlloyError(ErrorCode.INTERNAL_ERROR, "the search produced no candidate",
-                             {"errored_trials": outcome.errored_trials})
+            raise AlloyError(
+                ErrorCode.INTERNAL_ERROR, "the search produced no candidate", {"errored_trials": outcome.errored_trials}
+            )
         run.transition(JobState.EVALUATING, progress={"stage": "finalizing"})
         result = self._finalize(job_id, spec, inputs, space, parents, candidates, outcome, experiment_id)
         self.tracker.flush()
@@ -134,8 +155,11 @@ class EvolutionService:
         """Ask a running evolution to stop (this process at once; another process within seconds)."""
         job = self.jobs.get(job_id)
         if job.state.terminal:
-            raise AlloyError(ErrorCode.CONFLICT, f"evolution {job_id!r} already ended ({job.state.value})",
-                             {"job_id": job_id, "state": job.state.value})
+            raise AlloyError(
+                ErrorCode.CONFLICT,
+                f"evolution {job_id!r} already ended ({job.state.value})",
+                {"job_id": job_id, "state": job.state.value},
+            )
         cancel_flag(job_id).set()
         if job.state == JobState.CREATED:  # never started: nothing to stop
             return self.jobs.fail(job_id, CANCELLED, "evolution cancelled on request")
@@ -158,37 +182,46 @@ class EvolutionService:
     def resolve_inputs(self, spec: EvolutionSpec) -> ResolvedInputs:
         if spec.preset is not None:
             return self._preset_inputs(spec)
-        from alloy.evaluation.dataset_sources import RegistryDatasets
 
         parents = {model_id: self.models.local_dir(model_id) for model_id in spec.models}
         if spec.base_model is not None:
             parents = {spec.base_model: self.models.local_dir(spec.base_model), **parents}
-        return ResolvedInputs(parents=parents, base_model=spec.base_model, dataset_ids=list(spec.datasets),
-                              source=RegistryDatasets(self.datasets, self.store))
+        return ResolvedInputs(
+            parents=parents,
+            base_model=spec.base_model,
+            dataset_ids=list(spec.datasets),
+            source=RegistryDatasets(self.datasets, self.store),
+        )
 
     def _preset_inputs(self, spec: EvolutionSpec) -> ResolvedInputs:
-        from alloy.evaluation.dataset_sources import LocalDatasets
-        from alloy.zoo.presets import build_preset, register_preset
-
         manifest = build_preset(spec.preset, self.settings.data_dir)  # reuses a finished build
         register_preset(manifest, self.models, self.datasets, store=self.store)
         base_id = spec.base_model or manifest.base.model_id
         model_ids = spec.models or [m.model_id for m in manifest.finetunes(base_id)]
         base = manifest.model(base_id)
-        dataset_ids = spec.datasets or [d.dataset_id for d in manifest.datasets
-                                        if _dataset_model_kind(d.task) == _model_kind(base.path)]
+        dataset_ids = spec.datasets or [
+            d.dataset_id for d in manifest.datasets if _dataset_model_kind(d.task) == _model_kind(base.path)
+        ]
         parents = {base_id: base.path, **{m: manifest.model(m).path for m in model_ids}}
-        return ResolvedInputs(parents=parents, base_model=base_id, dataset_ids=dataset_ids,
-                              source=LocalDatasets(manifest.datasets))
+        return ResolvedInputs(
+            parents=parents, base_model=base_id, dataset_ids=dataset_ids, source=LocalDatasets(manifest.datasets)
+        )
 
     def genome_space(self, spec: EvolutionSpec, inputs: ResolvedInputs) -> GenomeSpace:
         merged = [m for m in inputs.parents if m != inputs.base_model]
         genome = spec.genome
         try:
             return GenomeSpace(
-                strategy=spec.strategy, models=merged, base_model=inputs.base_model, per_model=genome.per_model,
-                global_parameters=genome.global_parameters, fixed=genome.fixed, layer_groups=genome.layer_groups,
-                franken=genome.franken, dtype=spec.dtype, seed=spec.search.seed,
+                strategy=spec.strategy,
+                models=merged,
+                base_model=inputs.base_model,
+                per_model=genome.per_model,
+                global_parameters=genome.global_parameters,
+                fixed=genome.fixed,
+                layer_groups=genome.layer_groups,
+                franken=genome.franken,
+                dtype=spec.dtype,
+                seed=spec.search.seed,
             )
         except ValueError as exc:
             raise AlloyError(ErrorCode.VALIDATION_FAILED, f"invalid genome: {exc}", {"field": "genome"}) from None
@@ -205,10 +238,16 @@ class EvolutionService:
         except AlloyError as exc:
             if exc.code != ErrorCode.NOT_FOUND:
                 raise
-            params = {"job_id": job_id, "request": spec.model_dump(mode="json"), "parents": space.models,
-                      "base_model": space.base_model, "genes": [g.name for g in space.genes()]}
-            self.tracker.create_experiment(spec.name or f"evolution {job_id}", EXPERIMENT_KIND, params,
-                                           owner=owner, experiment_id=experiment_id)
+            params = {
+                "job_id": job_id,
+                "request": spec.model_dump(mode="json"),
+                "parents": space.models,
+                "base_model": space.base_model,
+                "genes": [g.name for g in space.genes()],
+            }
+            self.tracker.create_experiment(
+                spec.name or f"evolution {job_id}", EXPERIMENT_KIND, params, owner=owner, experiment_id=experiment_id
+            )
         return experiment_id
 
     def _recorded_candidates(self, experiment_id: str) -> list[Candidate]:
@@ -218,9 +257,18 @@ class EvolutionService:
             fitness = metrics.pop("fitness", None)
             if fitness is None:
                 continue
-            out.append(Candidate(candidate_id=trial.trial_id, trial_id=trial.trial_id.rsplit("-g", 1)[0],
-                                 generation=trial.generation, fitness=float(fitness), genome=trial.genome,
-                                 recipe=trial.recipe, metrics=metrics, parent_candidate=trial.parent_trial))
+            out.append(
+                Candidate(
+                    candidate_id=trial.trial_id,
+                    trial_id=trial.trial_id.rsplit("-g", 1)[0],
+                    generation=trial.generation,
+                    fitness=float(fitness),
+                    genome=trial.genome,
+                    recipe=trial.recipe,
+                    metrics=metrics,
+                    parent_candidate=trial.parent_trial,
+                )
+            )
         return out
 
     def _all_candidates(self, experiment_id: str, outcome: SearchOutcome) -> list[Candidate]:
@@ -235,16 +283,24 @@ class EvolutionService:
             return False
 
     # ---- the end ------------------------------------------------------------------------------------------
-    def _finalize(self, job_id: str, spec: EvolutionSpec, inputs: ResolvedInputs, space: GenomeSpace,
-                  parents: ParentArrays, candidates: list[Candidate], outcome: SearchOutcome,
-                  experiment_id: str) -> dict[str, Any]:
-        from alloy.merge.executor import execute_merge, merge_state_dicts
-
+    def _finalize(
+        self,
+        job_id: str,
+        spec: EvolutionSpec,
+        inputs: ResolvedInputs,
+        space: GenomeSpace,
+        parents: ParentArrays,
+        candidates: list[Candidate],
+        outcome: SearchOutcome,
+        experiment_id: str,
+    ) -> dict[str, Any]:
         started = time.perf_counter()
         tensors = as_tensors(parents)
         skeleton = str(self._skeleton_dir(inputs))
         data = InMemoryDatasets.read(inputs.source, inputs.dataset_ids, [spec.dev_split, spec.test_split])
-        dev = CandidateScorer(ScorerSpec(model_dir=skeleton, dataset_ids=inputs.dataset_ids, split=spec.dev_split), data)
+        dev = CandidateScorer(
+            ScorerSpec(model_dir=skeleton, dataset_ids=inputs.dataset_ids, split=spec.dev_split), data
+        )
         chosen: list[Finalist] = finalists(candidates, spec.search.finalists)
         for finalist in chosen:
             recipe = space.decode(finalist.candidate.genome)
@@ -256,19 +312,29 @@ class EvolutionService:
         out_dir = self.storage_path / job_id / "model"
         if out_dir.exists():  # a replay that died while finalizing
             shutil.rmtree(out_dir)
-        execute_merge(recipe, {m: Path(p) for m, p in inputs.parents.items()}, out_dir,
-                      device=self.settings.merge.device)
+        execute_merge(
+            recipe, {m: Path(p) for m, p in inputs.parents.items()}, out_dir, device=self.settings.merge.device
+        )
         _copy_tokenizer(Path(skeleton), out_dir)
         model_id = spec.output_model_id or f"evolved-{job_id[:24]}"
         chain = lineage_of(winner.candidate.candidate_id, candidates)
-        lineage = {"kind": "evolution", "job_id": job_id, "experiment_id": experiment_id,
-                   "trial_id": winner.candidate.candidate_id, "lineage": chain, "parents": space.models,
-                   "base_model": space.base_model, "recipe": recipe.model_dump(mode="json", exclude_none=True),
-                   "search": spec.search.kind}
+        lineage = {
+            "kind": "evolution",
+            "job_id": job_id,
+            "experiment_id": experiment_id,
+            "trial_id": winner.candidate.candidate_id,
+            "lineage": chain,
+            "parents": space.models,
+            "base_model": space.base_model,
+            "recipe": recipe.model_dump(mode="json", exclude_none=True),
+            "search": spec.search.kind,
+        }
         if not self.models.exists(model_id):
             self.models.register(model_id, str(out_dir), lineage=lineage)
 
-        test = CandidateScorer(ScorerSpec(model_dir=skeleton, dataset_ids=inputs.dataset_ids, split=spec.test_split), data)
+        test = CandidateScorer(
+            ScorerSpec(model_dir=skeleton, dataset_ids=inputs.dataset_ids, split=spec.test_split), data
+        )
         test_scores = {model_id: test.evaluator.score(_load_dir_tensors(out_dir))}
         for parent_id in space.models:
             test_scores[parent_id] = test.evaluator.score(tensors[parent_id])
@@ -277,9 +343,14 @@ class EvolutionService:
         mean_key = f"mean_{test.metric}"
         for scored_model, metrics in test_scores.items():
             for dataset_id, value in metrics.items():
-                self.tracker.log_result(experiment_id, scored_model, None if dataset_id.startswith("mean_") else dataset_id,
-                                        spec.test_split, test.metric if not dataset_id.startswith("mean_") else dataset_id,
-                                        float(value))
+                self.tracker.log_result(
+                    experiment_id,
+                    scored_model,
+                    None if dataset_id.startswith("mean_") else dataset_id,
+                    spec.test_split,
+                    test.metric if not dataset_id.startswith("mean_") else dataset_id,
+                    float(value),
+                )
 
         plot = self._store_plot(job_id, candidates, spec)
         best_parent = max(space.models, key=lambda m: test.sign * test_scores[m][mean_key])
@@ -292,24 +363,45 @@ class EvolutionService:
             "recipe": lineage["recipe"],
             "genome": winner.candidate.genome,
             "dev_fitness": winner.dev_fitness,
-            "finalists": [{"trial": f.candidate.candidate_id, "mean_batch_fitness": f.mean_batch_fitness,
-                           "evaluations": f.evaluations, "dev_fitness": f.dev_fitness} for f in chosen],
-            "test": {"metric": mean_key, "scores": {m: s[mean_key] for m, s in test_scores.items()},
-                     "per_dataset": test_scores, "best_parent": best_parent,
-                     "beats_every_parent": all(test.sign * evolved_test > test.sign * test_scores[m][mean_key]
-                                               for m in space.models)},
+            "finalists": [
+                {
+                    "trial": f.candidate.candidate_id,
+                    "mean_batch_fitness": f.mean_batch_fitness,
+                    "evaluations": f.evaluations,
+                    "dev_fitness": f.dev_fitness,
+                }
+                for f in chosen
+            ],
+            "test": {
+                "metric": mean_key,
+                "scores": {m: s[mean_key] for m, s in test_scores.items()},
+                "per_dataset": test_scores,
+                "best_parent": best_parent,
+                "beats_every_parent": all(
+                    test.sign * evolved_test > test.sign * test_scores[m][mean_key] for m in space.models
+                ),
+            },
             "fitness_plot": plot,
-            "search": {"kind": spec.search.kind, "population": spec.search.population,
-                       "generations": spec.search.generations, "candidates": len(candidates),
-                       "evaluated_this_run": len(outcome.candidates), "resumed": outcome.resumed, "search_wall_s": round(outcome.wall_s, 2),
-                       "candidates_per_minute": round(len(outcome.candidates) / max(outcome.wall_s, 1e-9) * 60, 2),
-                       "errored_trials": outcome.errored_trials},
+            "search": {
+                "kind": spec.search.kind,
+                "population": spec.search.population,
+                "generations": spec.search.generations,
+                "candidates": len(candidates),
+                "evaluated_this_run": len(outcome.candidates),
+                "resumed": outcome.resumed,
+                "search_wall_s": round(outcome.wall_s, 2),
+                "candidates_per_minute": round(len(outcome.candidates) / max(outcome.wall_s, 1e-9) * 60, 2),
+                "errored_trials": outcome.errored_trials,
+            },
             "finalize_s": round(time.perf_counter() - started, 2),
         }
 
     def _store_plot(self, job_id: str, candidates: list[Candidate], spec: EvolutionSpec) -> dict[str, Any]:
-        path = plot_fitness(candidates, self.storage_path / job_id / "fitness.png",
-                            title=f"{spec.name or job_id}: fitness by generation ({spec.search.kind})")
+        path = plot_fitness(
+            candidates,
+            self.storage_path / job_id / "fitness.png",
+            title=f"{spec.name or job_id}: fitness by generation ({spec.search.kind})",
+        )
         if self.store is None:
             return {"path": str(path)}
         info = self.store.put_file(f"evolutions/{job_id}/fitness.png", path)
@@ -317,25 +409,32 @@ class EvolutionService:
 
 
 def _model_kind(model_dir: Path) -> str:
-    from alloy.evaluation.loading import model_kind
-
     return model_kind(Path(model_dir))
 
 
 def _dataset_model_kind(task: dict[str, Any]) -> str:
     # prototype-head classification scores encoders; perplexity and log-likelihood tasks score causal LMs
-    return "encoder" if task.get("type") == "classification" and task.get("head", "prototypes") == "prototypes" else "causal_lm"
+    return (
+        "encoder"
+        if task.get("type") == "classification" and task.get("head", "prototypes") == "prototypes"
+        else "causal_lm"
+    )
 
 
 def _copy_tokenizer(source: Path, out_dir: Path) -> None:
     """The merged folder must be loadable on its own (evaluation needs the tokenizer files)."""
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                 "tokenizer.model", "merges.txt", "vocab.json"):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.txt",
+        "tokenizer.model",
+        "merges.txt",
+        "vocab.json",
+    ):
         if (source / name).exists() and not (out_dir / name).exists():
             shutil.copy2(source / name, out_dir / name)
 
 
 def _load_dir_tensors(model_dir: Path):
-    from evolution.parents import load_state_dict_arrays
-
     return as_tensors({"m": load_state_dict_arrays(model_dir)})["m"]

@@ -30,10 +30,16 @@ def finalists(candidates: list[Candidate], count: int) -> list[Finalist]:
     for candidate in candidates:
         by_genome[_genome_key(candidate.genome)].append(candidate)
     ranked = sorted(
-        (Finalist(candidate=max(group, key=lambda c: c.generation),
-                  mean_batch_fitness=statistics.fmean(c.fitness for c in group), evaluations=len(group))
-         for group in by_genome.values()),
-        key=lambda f: f.mean_batch_fitness, reverse=True,
+        (
+            Finalist(
+                candidate=max(group, key=lambda c: c.generation),
+                mean_batch_fitness=statistics.fmean(c.fitness for c in group),
+                evaluations=len(group),
+            )
+            for group in by_genome.values()
+        ),
+        key=lambda f: f.mean_batch_fitness,
+        reverse=True,
     )
     return ranked[:count]
 
@@ -58,8 +64,9 @@ def fitness_by_generation(candidates: list[Candidate]) -> dict[int, list[float]]
     return dict(sorted(table.items()))
 
 
-def plot_fitness(candidates: list[Candidate], path: str | Path, *, title: str,
-                 reference_lines: dict[str, float] | None = None) -> Path:
+def plot_fitness(
+    candidates: list[Candidate], path: str | Path, *, title: str, reference_lines: dict[str, float] | None = None
+) -> Path:
     """PNG: best, median and worst dev-batch fitness per generation (plus optional reference levels)."""
     import matplotlib
 

@@ -43,7 +43,7 @@ class Bounds(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Bounds":
+    def _ordered(self) -> Bounds:
         if not self.low < self.high:
             raise ValueError(f"low ({self.low}) must be below high ({self.high})")
         if self.init is not None and not self.low <= self.init <= self.high:
@@ -107,7 +107,7 @@ class GenomeSpace(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _something_to_search(self) -> "GenomeSpace":
+    def _something_to_search(self) -> GenomeSpace:
         if not (self.per_model or self.global_parameters or self.franken):
             raise ValueError("the genome is empty: give per_model or global_parameters bounds, or a franken genome")
         _check_against_strategy(self)
@@ -120,12 +120,20 @@ class GenomeSpace(BaseModel):
         for parameter, bounds in self.per_model.items():
             for index in range(len(self.models)):
                 for group in self._groups():
-                    genes.append(GeneSpec(name=_gene_name(parameter, index, group), bounds=bounds,
-                                          parameter=parameter, model_index=index, group=group))
+                    genes.append(
+                        GeneSpec(
+                            name=_gene_name(parameter, index, group),
+                            bounds=bounds,
+                            parameter=parameter,
+                            model_index=index,
+                            group=group,
+                        )
+                    )
         for parameter, bounds in self.global_parameters.items():
             for group in self._groups():
-                genes.append(GeneSpec(name=_gene_name(parameter, None, group), bounds=bounds,
-                                      parameter=parameter, group=group))
+                genes.append(
+                    GeneSpec(name=_gene_name(parameter, None, group), bounds=bounds, parameter=parameter, group=group)
+                )
         if self.franken is not None:
             genes.extend(self._franken_genes(self.franken))
         return genes
@@ -140,13 +148,31 @@ class GenomeSpace(BaseModel):
         genes = []
         for slot in range(franken.slots):
             # The half-open upper bounds make floor() land on every index with equal width.
-            genes.append(GeneSpec(name=f"slot.{slot}.model", parameter="slot_model",
-                                  bounds=Bounds(low=0, high=len(self.models) - 1e-6, init=slot % len(self.models))))
-            genes.append(GeneSpec(name=f"slot.{slot}.start", parameter="slot_start",
-                                  bounds=Bounds(low=0, high=franken.num_layers - 1e-6,
-                                                init=min(slot * franken.max_slice, franken.num_layers - 1))))
-            genes.append(GeneSpec(name=f"slot.{slot}.length", parameter="slot_length",
-                                  bounds=Bounds(low=0, high=franken.max_slice + 1 - 1e-6, init=franken.max_slice)))
+            genes.append(
+                GeneSpec(
+                    name=f"slot.{slot}.model",
+                    parameter="slot_model",
+                    bounds=Bounds(low=0, high=len(self.models) - 1e-6, init=slot % len(self.models)),
+                )
+            )
+            genes.append(
+                GeneSpec(
+                    name=f"slot.{slot}.start",
+                    parameter="slot_start",
+                    bounds=Bounds(
+                        low=0,
+                        high=franken.num_layers - 1e-6,
+                        init=min(slot * franken.max_slice, franken.num_layers - 1),
+                    ),
+                )
+            )
+            genes.append(
+                GeneSpec(
+                    name=f"slot.{slot}.length",
+                    parameter="slot_length",
+                    bounds=Bounds(low=0, high=franken.max_slice + 1 - 1e-6, init=franken.max_slice),
+                )
+            )
         return genes
 
     # ---- population operators ----------------------------------------------------------------------------------
@@ -158,8 +184,9 @@ class GenomeSpace(BaseModel):
         """A uniform random individual."""
         return {gene.name: rng.uniform(gene.bounds.low, gene.bounds.high) for gene in self.genes()}
 
-    def population(self, size: int, seed: int = 0, include_initial: bool = True,
-                   spread: float | None = None) -> list[Genome]:
+    def population(
+        self, size: int, seed: int = 0, include_initial: bool = True, spread: float | None = None
+    ) -> list[Genome]:
         """``size`` starting individuals, reproducibly: the seed individual (when asked) plus uniform samples, or
         with ``spread`` Gaussian neighbours of the seed individual (``spread`` x each gene's range): a local
         search around a known-good recipe instead of a blind one."""
@@ -172,8 +199,9 @@ class GenomeSpace(BaseModel):
                 members.append(self.perturb(self.initial(), rng, sigma=spread, resample_probability=0.0))
         return members[:size]
 
-    def perturb(self, genome: Genome, rng: random.Random, sigma: float = 0.1,
-                resample_probability: float = 0.1) -> Genome:
+    def perturb(
+        self, genome: Genome, rng: random.Random, sigma: float = 0.1, resample_probability: float = 0.1
+    ) -> Genome:
         """Explore: Gaussian noise of ``sigma`` × range on every gene, clipped to its bounds; each gene is
         instead resampled uniformly with ``resample_probability`` (keeps diversity after many exploits)."""
         child: Genome = {}
@@ -264,7 +292,8 @@ def _check_against_strategy(space: GenomeSpace) -> None:
             if spec.scope != scope and not (scope == "global" and spec.scope == "per_model"):
                 raise ValueError(f"{name} is a {spec.scope} parameter of {space.strategy}, not {scope}")
             if (spec.minimum is not None and bounds.low < spec.minimum) or (
-                    spec.maximum is not None and bounds.high > spec.maximum):
+                spec.maximum is not None and bounds.high > spec.maximum
+            ):
                 raise ValueError(f"bounds of {name} leave its legal range [{spec.minimum}, {spec.maximum}]")
     if space.franken is not None and space.strategy != "franken_merge":
         raise ValueError("a layer-order genome needs strategy franken_merge")
@@ -273,4 +302,3 @@ def _check_against_strategy(space: GenomeSpace) -> None:
 def _gene_name(parameter: str, model_index: int | None, group: int | None) -> str:
     name = parameter if model_index is None else f"{parameter}.{model_index}"
     return name if group is None else f"{name}.g{group}"
-

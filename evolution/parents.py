@@ -35,15 +35,17 @@ def load_parents(model_dirs: dict[str, Path]) -> ParentArrays:
     return {model_id: load_state_dict_arrays(path) for model_id, path in model_dirs.items()}
 
 
-def as_tensors(parents: ParentArrays) -> dict[str, dict[str, "torch.Tensor"]]:  # noqa: F821
+def as_tensors(parents: ParentArrays) -> dict[str, dict[str, torch.Tensor]]:  # noqa: F821
     """Zero-copy torch views of the shared arrays."""
     import torch
 
     with warnings.catch_warnings():
         # The arrays are read-only (they live in the object store); torch warns that writes would be undefined.
         warnings.filterwarnings("ignore", message=".*not writable.*")
-        return {model_id: {name: torch.from_numpy(array) for name, array in tensors.items()}
-                for model_id, tensors in parents.items()}
+        return {
+            model_id: {name: torch.from_numpy(array) for name, array in tensors.items()}
+            for model_id, tensors in parents.items()
+        }
 
 
 def parent_bytes(parents: ParentArrays) -> int:

@@ -16,6 +16,14 @@ import argparse
 import json
 import sys
 
+import ray
+
+from alloy.config import load_settings
+from alloy.jobs.liveness import silent_for_s
+from alloy.jobs.store import JobKind, JobState
+from evolution.config import load_spec_file
+from evolution.engine import EvolutionService
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evolution.run", description=__doc__.split("\n\n")[0])
@@ -23,17 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-id", help="resume this evolution job instead of creating one")
     parser.add_argument("--owner", default="ray-job-submit")
     parser.add_argument("--address", default="auto", help="Ray address (default: the cluster this job runs on)")
-    parser.add_argument("--stale-after-s", type=float, default=120.0,
-                        help="--job-id: take over a running job only after its owner has been silent this long")
+    parser.add_argument(
+        "--stale-after-s",
+        type=float,
+        default=120.0,
+        help="--job-id: take over a running job only after its owner has been silent this long",
+    )
     args = parser.parse_args(argv)
-
-    import ray
-
-    from alloy.config import load_settings
-    from alloy.jobs.liveness import silent_for_s
-    from alloy.jobs.store import JobKind, JobState
-    from evolution.config import load_spec_file
-    from evolution.engine import EvolutionService
 
     spec = load_spec_file(args.config)
     service = EvolutionService.from_settings(load_settings())
@@ -44,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         if not job.state.terminal and job.state is not JobState.CREATED:
             silent = silent_for_s(job)
             if silent < args.stale_after_s:  # its owner (a replica or another driver) is alive: never run it twice
-                print(f"evolution {job_id} is {job.state.value} and its owner wrote {silent:.0f}s ago; "
-                      f"resume it once it has been silent for {args.stale_after_s:.0f}s", file=sys.stderr)
+                print(
+                    f"evolution {job_id} is {job.state.value} and its owner wrote {silent:.0f}s ago; "
+                    f"resume it once it has been silent for {args.stale_after_s:.0f}s",
+                    file=sys.stderr,
+                )
                 return 2
             service.jobs.requeue(job_id, "resumed by python -m evolution.run")
     if not ray.is_initialized():
@@ -55,10 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"evolution job {job_id}: progress at GET /evolutions/{job_id}", flush=True)
     result = service.run_job(job_id)
     record = service.jobs.get(job_id)
-    print(json.dumps({"job_id": job_id, "state": record.state.value,
-                      "error": record.error.model_dump() if record.error else None,
-                      "model_id": result.get("model_id"), "test": (result.get("test") or {}).get("scores"),
-                      "fitness_plot": result.get("fitness_plot")}, indent=2, default=str), flush=True)
+    print(
+        json.dumps(
+            {
+                "job_id": job_id,
+                "state": record.state.value,
+                "error": record.error.model_dump() if record.error else None,
+                "model_id": result.get("model_id"),
+                "test": (result.get("test") or {}).get("scores"),
+                "fitness_plot": result.get("fitness_plot"),
+            },
+            indent=2,
+            default=str,
+        ),
+        flush=True,
+    )
     return 0 if record.state.value == "COMPLETED" else 1
 
 

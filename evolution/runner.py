@@ -80,8 +80,12 @@ def run_search(
     experiment_path = experiment_path_of(storage_path, run_name)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", EXPERIMENT_SNAPSHOT_PERIOD_S)  # read by each Tuner.fit
     setup = TrialSetup(
-        space=space, scorer=scorer, generations=settings.generations, dev_batch_size=settings.dev_batch_size,
-        batch_seed=settings.seed, device=device,
+        space=space,
+        scorer=scorer,
+        generations=settings.generations,
+        dev_batch_size=settings.dev_batch_size,
+        batch_seed=settings.seed,
+        device=device,
         ordinal_generations=settings.population if settings.kind == "cmaes" else None,
         incarnation=uuid.uuid4().hex,
     )
@@ -90,8 +94,9 @@ def run_search(
     resumed = can_resume(storage_path, run_name)
     if resumed:
         log.info("resuming evolution %s from %s", run_name, experiment_path)
-        tuner = tune.Tuner.restore(str(experiment_path), trainable=trainable, resume_unfinished=True,
-                                   resume_errored=True)
+        tuner = tune.Tuner.restore(
+            str(experiment_path), trainable=trainable, resume_unfinished=True, resume_errored=True
+        )
     else:
         tune_config, param_space = build_tune_config(space, settings)
         run_config = tune.RunConfig(
@@ -115,8 +120,14 @@ def run_search(
     cancelled = is_cancelled(run_name)
     errored = [str(result.path) for result in grid if result.error is not None]
     candidates = sorted(collected.candidates, key=lambda c: (c.generation, c.candidate_id))
-    return SearchOutcome(candidates=candidates, resumed=resumed, cancelled=cancelled, errored_trials=errored,
-                         wall_s=time.perf_counter() - started, experiment_path=str(experiment_path))
+    return SearchOutcome(
+        candidates=candidates,
+        resumed=resumed,
+        cancelled=cancelled,
+        errored_trials=errored,
+        wall_s=time.perf_counter() - started,
+        experiment_path=str(experiment_path),
+    )
 
 
 class _CollectingSink:

@@ -23,8 +23,10 @@ class InMemoryDatasets:
         self.splits = dict(splits)
 
     @classmethod
-    def read(cls, source, dataset_ids: Sequence[str], splits: Sequence[str]) -> "InMemoryDatasets":
-        return cls({(dataset_id, split): source.load(dataset_id, split) for dataset_id in dataset_ids for split in splits})
+    def read(cls, source, dataset_ids: Sequence[str], splits: Sequence[str]) -> InMemoryDatasets:
+        return cls(
+            {(dataset_id, split): source.load(dataset_id, split) for dataset_id in dataset_ids for split in splits}
+        )
 
     def load(self, dataset_id: str, split: str):
         try:
@@ -50,7 +52,9 @@ class CandidateScorer:
         from alloy.evaluation.candidate import CandidateEvaluator
 
         self.spec = spec
-        self.evaluator = CandidateEvaluator(spec.model_dir, data, spec.dataset_ids, spec.split, batch_size=spec.batch_size)
+        self.evaluator = CandidateEvaluator(
+            spec.model_dir, data, spec.dataset_ids, spec.split, batch_size=spec.batch_size
+        )
         directions = self.evaluator.metric_directions()
         metrics = {dataset.metric for dataset in self.evaluator.datasets}
         if len(metrics) != 1:

@@ -60,8 +60,10 @@ class GenomePBT(PopulationBasedTraining):
             # keeps the laggards running (PBT resumes paused trials that are before the barrier) and holds the
             # round until every live trial is level. In an uninterrupted run every trial is level anyway.
             generation = result[self._time_attr]
-            leading = max([generation] + [self._trial_state[t].last_train_time
-                                          for t in tune_controller.get_live_trials() if t is not trial])
+            leading = max(
+                [generation]
+                + [self._trial_state[t].last_train_time for t in tune_controller.get_live_trials() if t is not trial]
+            )
             self._next_perturbation_sync = max(self._next_perturbation_sync, leading)
             if generation < leading:  # a laggard: record it and let it run on (Ray would start a round with it)
                 self._save_trial_state(self._trial_state[trial], generation, result, trial)
@@ -153,8 +155,9 @@ class EvolutionStopper(Stopper):
 
 
 def initial_population(space: GenomeSpace, settings: SearchSettings) -> list[dict[str, float]]:
-    return space.population(settings.population, seed=settings.seed, include_initial=settings.include_initial,
-                            spread=settings.init_spread)
+    return space.population(
+        settings.population, seed=settings.seed, include_initial=settings.include_initial, spread=settings.init_spread
+    )
 
 
 def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tune.TuneConfig, dict[str, Any]]:
@@ -170,8 +173,12 @@ def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tun
         population = initial_population(space, settings)
         param_space = {GENOME_KEY: tune.grid_search(population)}
         return tune.TuneConfig(
-            metric=METRIC, mode=MODE, scheduler=scheduler, num_samples=1,
-            time_budget_s=settings.time_budget_s, max_concurrent_trials=settings.max_concurrent_trials,
+            metric=METRIC,
+            mode=MODE,
+            scheduler=scheduler,
+            num_samples=1,
+            time_budget_s=settings.time_budget_s,
+            max_concurrent_trials=settings.max_concurrent_trials,
             reuse_actors=True,
         ), param_space
     return _cmaes_tune_config(space, settings), {}
@@ -196,18 +203,30 @@ def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.Tun
     from ray.tune.search.optuna import OptunaSearch
 
     genes = space.genes()
-    distributions = {f"{GENOME_KEY}/{gene.name}": optuna.distributions.FloatDistribution(gene.bounds.low, gene.bounds.high)
-                     for gene in genes}
+    distributions = {
+        f"{GENOME_KEY}/{gene.name}": optuna.distributions.FloatDistribution(gene.bounds.low, gene.bounds.high)
+        for gene in genes
+    }
     x0 = {f"{GENOME_KEY}/{gene.name}": gene.bounds.start for gene in genes} if settings.include_initial else None
     sigma0 = settings.init_spread or settings.sigma * 2  # in Optuna's [0, 1]-scaled space: a fraction of each range
-    sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=sigma0, popsize=settings.population,
-                                           seed=settings.seed, n_startup_trials=0,
-                                           warn_independent_sampling=False)
+    sampler = optuna.samplers.CmaEsSampler(
+        x0=x0,
+        sigma0=sigma0,
+        popsize=settings.population,
+        seed=settings.seed,
+        n_startup_trials=0,
+        warn_independent_sampling=False,
+    )
     searcher = OptunaSearch(space=distributions, sampler=sampler, metric=METRIC, mode=MODE, seed=settings.seed)
     # CMA-ES asks a generation at a time; never more candidates in flight than one generation.
-    limited = OrdinalLimiter(searcher, max_concurrent=min(settings.population,
-                                                              settings.max_concurrent_trials or settings.population))
+    limited = OrdinalLimiter(
+        searcher, max_concurrent=min(settings.population, settings.max_concurrent_trials or settings.population)
+    )
     return tune.TuneConfig(
-        metric=METRIC, mode=MODE, search_alg=limited, num_samples=settings.population * settings.generations,
-        time_budget_s=settings.time_budget_s, reuse_actors=True,
+        metric=METRIC,
+        mode=MODE,
+        search_alg=limited,
+        num_samples=settings.population * settings.generations,
+        time_budget_s=settings.time_budget_s,
+        reuse_actors=True,
     )

@@ -33,13 +33,17 @@ class Candidate(BaseModel):
     parent_candidate: str | None = None
 
     @classmethod
-    def from_result(cls, trial_id: str, result: dict[str, Any]) -> "Candidate":
+    def from_result(cls, trial_id: str, result: dict[str, Any]) -> Candidate:
         metrics = json.loads(result.get("metrics_json") or "{}")
         metrics.update({key: result[key] for key in ("merge_s", "score_s", "batch_examples") if key in result})
         return cls(
-            candidate_id=result["candidate_id"], trial_id=trial_id, generation=int(result["generation"]),
-            fitness=float(result["fitness"]), genome=json.loads(result["genome_json"]),
-            recipe=json.loads(result["recipe_json"]), metrics=metrics,
+            candidate_id=result["candidate_id"],
+            trial_id=trial_id,
+            generation=int(result["generation"]),
+            fitness=float(result["fitness"]),
+            genome=json.loads(result["genome_json"]),
+            recipe=json.loads(result["recipe_json"]),
+            metrics=metrics,
             parent_candidate=result.get("parent_candidate") or None,
         )
 
@@ -100,7 +104,9 @@ class ProgressSummary(BaseModel):
         best_id = max(self.fitness_of, key=lambda c: self.fitness_of[c][1], default=None)
         latest = [f for g, f in self.fitness_of.values() if g == self.generation]
         return {
-            "generation": self.generation, "generations": self.generations, "population": self.population,
+            "generation": self.generation,
+            "generations": self.generations,
+            "population": self.population,
             "trials": self.trials,
             "best_fitness": self.fitness_of[best_id][1] if best_id else None,
             "median_fitness": statistics.median(latest) if latest else None,  # of the latest generation
@@ -127,8 +133,12 @@ class RecordingSink:
             self.summary.add(candidate)
             if self.tracker is not None:
                 self.tracker.record_trial(
-                    self.experiment_id, candidate.candidate_id, candidate.generation, candidate.genome,
-                    candidate.recipe, {"fitness": candidate.fitness, **candidate.metrics},
+                    self.experiment_id,
+                    candidate.candidate_id,
+                    candidate.generation,
+                    candidate.genome,
+                    candidate.recipe,
+                    {"fitness": candidate.fitness, **candidate.metrics},
                     parent_trial=candidate.parent_candidate,
                 )
                 # Written at once (not left in the tracker's buffer): a forced shutdown must not lose candidates

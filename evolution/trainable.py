@@ -70,7 +70,7 @@ def rotating_batch(generation: int, size: int, batch_size: int | None, seed: int
     order = list(range(size))
     random.Random(seed).shuffle(order)
     start = ((generation - 1) * batch_size) % size
-    window = order[start:start + batch_size]
+    window = order[start : start + batch_size]
     if len(window) < batch_size:  # wrap around the end of the permutation
         window += order[: batch_size - len(window)]
     return sorted(window)
@@ -98,13 +98,15 @@ def _resume_state(trial_id: str, config: dict[str, Any], incarnation: str) -> Ca
         # forced shutdown the folder the snapshot names may hold a generation whose result the killed driver
         # never processed (never recorded). Re-running it records it; when it was recorded, the rerun
         # (deterministic: same genome, same batch, seeded merge) replaces the record with the same values.
-        return CandidateState(trial_id=trial_id, candidate_id=own.parent_candidate,
-                              generation=own.generation - 1, genome=own.genome)
+        return CandidateState(
+            trial_id=trial_id, candidate_id=own.parent_candidate, generation=own.generation - 1, genome=own.genome
+        )
     return own
 
 
-def rotating_batches(generation: int, sizes: dict[str, int], batch_size: int | None,
-                     seed: int) -> dict[str, list[int] | None] | None:
+def rotating_batches(
+    generation: int, sizes: dict[str, int], batch_size: int | None, seed: int
+) -> dict[str, list[int] | None] | None:
     """:func:`rotating_batch` for every fitness dataset (``batch_size`` examples of each)."""
     if batch_size is None:
         return None
@@ -153,9 +155,17 @@ def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any
             "merge_s": merged_at - started,
             "score_s": scored_at - merged_at,
         }
-        _report(result, CandidateState(trial_id=trial_id, candidate_id=candidate_id, generation=generation,
-                                       genome=genome, parent_candidate=parent_candidate,
-                                       incarnation=setup.incarnation))
+        _report(
+            result,
+            CandidateState(
+                trial_id=trial_id,
+                candidate_id=candidate_id,
+                generation=generation,
+                genome=genome,
+                parent_candidate=parent_candidate,
+                incarnation=setup.incarnation,
+            ),
+        )
         parent_candidate = candidate_id
         if setup.ordinal_generations:
             return

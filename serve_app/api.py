@@ -14,19 +14,24 @@ import asyncio
 import logging
 from typing import Any
 
+import ray
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from alloy import components as c
 from alloy.cluster.state import ClusterStateStore
+from alloy.control.nodes import drain_ray_node
 from alloy.errors import AlloyError, ErrorCode, not_found
-from alloy.jobs.store import JobKind, JobState
 from alloy.jobs.merge_request import active_merge_outputs, check_merge_inputs
+from alloy.jobs.store import JobKind, JobState
+from alloy.storage.keys import ApiKeyStore
 from deployments._calls import call
 from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context
+from serve_app.errors import install_error_handlers
 from serve_app.metrics import CONTENT_TYPE_LATEST, ApiMetrics, MetricsMiddleware
 from serve_app.routes_evolutions import router as evolutions_router
+from serve_app.security import install_security, require_scope
 
 logger = logging.getLogger("alloy.api")
 
@@ -35,12 +40,8 @@ HEALTH_TIMEOUT_S = 5.0
 CACHED_ENGINES = (c.MERGE_ENGINE, c.EVALUATION_ENGINE)  # the engines with a model cache
 
 
-def _scope(name: str):
-    """``Depends(require_scope(name))`` from the security module; a no-op only while that module is absent."""
-    try:
-        from serve_app.security import require_scope
-    except ImportError:  # pragma: no cover - the security module ships with the app
-        return []
+def _scope(name: str) -> list[Any]:
+    """``dependencies=`` of a route that needs scope ``name``."""
     return [Depends(require_scope(name))]
 
 
@@ -50,8 +51,12 @@ def _owner(request: Request) -> str | None:
 
 
 def _page(page: Any, convert) -> dict[str, Any]:
-    return {"items": [convert(item) for item in page.items], "total": page.total, "offset": page.offset,
-            "limit": page.limit}
+    return {
+        "items": [convert(item) for item in page.items],
+        "total": page.total,
+        "offset": page.offset,
+        "limit": page.limit,
+    }
 
 
 def _dump(record: Any) -> dict[str, Any]:
@@ -62,8 +67,12 @@ def _dump(record: Any) -> dict[str, Any]:
 jobs_router = APIRouter(tags=["jobs"])
 
 
-@jobs_router.get("/jobs/{job_id}", response_model=s.JobView, dependencies=_scope("read"),
-                 summary="Progress of a job (the progress_url)")
+@jobs_router.get(
+    "/jobs/{job_id}",
+    response_model=s.JobView,
+    dependencies=_scope("read"),
+    summary="Progress of a job (the progress_url)",
+)
 def get_job(job_id: str, request: Request) -> s.JobView:
     ctx = api_context(request)
     job = ctx.services.jobs.get(job_id)
@@ -71,8 +80,13 @@ def get_job(job_id: str, request: Request) -> s.JobView:
 
 
 @jobs_router.get("/jobs", response_model=s.PageOf[s.JobView], dependencies=_scope("read"), summary="List jobs")
-def list_jobs(request: Request, state: JobState | None = None, kind: JobKind | None = None,
-              offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500)):
+def list_jobs(
+    request: Request,
+    state: JobState | None = None,
+    kind: JobKind | None = None,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(50, ge=1, le=500),
+):
     ctx = api_context(request)
     page = ctx.services.jobs.list(state=state, kind=kind, offset=offset, limit=limit)
     return _page(page, lambda job: s.JobView.from_record(job, ctx.url_for_job(request, job.id)))
@@ -87,8 +101,13 @@ def job_events(job_id: str, request: Request) -> list[dict[str, Any]]:
 merge_router = APIRouter(tags=["merge"])
 
 
-@merge_router.post("/merge/execute", status_code=202, response_model=s.JobAccepted, dependencies=_scope("write"),
-                   summary="Start an asynchronous merge job")
+@merge_router.post(
+    "/merge/execute",
+    status_code=202,
+    response_model=s.JobAccepted,
+    dependencies=_scope("write"),
+    summary="Start an asynchronous merge job",
+)
 async def execute_merge(body: s.MergeRequest, request: Request, response: Response) -> s.JobAccepted:
     ctx = api_context(request)
     ctx.require_gpu_capacity()
@@ -104,8 +123,9 @@ async def execute_merge(body: s.MergeRequest, request: Request, response: Respon
         datasets = ctx.handle(c.DATASET_REGISTRY)
         await asyncio.gather(*(call(datasets, "get", d) for d in body.evaluate.datasets))
     engine = ctx.handle(c.MERGE_ENGINE)
-    job = await asyncio.to_thread(ctx.services.jobs.create, JobKind.MERGE, body.model_dump(mode="json"),
-                                  _owner(request))
+    job = await asyncio.to_thread(
+        ctx.services.jobs.create, JobKind.MERGE, body.model_dump(mode="json"), _owner(request)
+    )
     # Fire and forget: the merge becomes an ongoing request of a MergeEngine replica, which owns the job from
     # here on; this ingress replica may go away without affecting it.
     engine.run_job.remote(job.id)
@@ -122,17 +142,22 @@ def _accepted(ctx: ApiContext, request: Request, response: Response, job_id: str
 evaluations_router = APIRouter(tags=["evaluations"])
 
 
-@evaluations_router.post("/evaluations", status_code=202, response_model=s.JobAccepted,
-                         dependencies=_scope("write"), summary="Start an evaluation job")
+@evaluations_router.post(
+    "/evaluations",
+    status_code=202,
+    response_model=s.JobAccepted,
+    dependencies=_scope("write"),
+    summary="Start an evaluation job",
+)
 async def create_evaluation(body: s.EvaluationRequest, request: Request, response: Response) -> s.JobAccepted:
     ctx = api_context(request)
     ctx.require_gpu_capacity()
     engine = ctx.handle(c.EVALUATION_ENGINE)
     registry, datasets = ctx.handle(c.MODEL_REGISTRY), ctx.handle(c.DATASET_REGISTRY)
-    await asyncio.gather(call(registry, "manifests", body.models),
-                         *(call(datasets, "get", d) for d in body.datasets))
-    job = await asyncio.to_thread(ctx.services.jobs.create, JobKind.EVALUATION, body.model_dump(mode="json"),
-                                  _owner(request))
+    await asyncio.gather(call(registry, "manifests", body.models), *(call(datasets, "get", d) for d in body.datasets))
+    job = await asyncio.to_thread(
+        ctx.services.jobs.create, JobKind.EVALUATION, body.model_dump(mode="json"), _owner(request)
+    )
     engine.run_job.remote(job.id)
     return _accepted(ctx, request, response, job.id)
 
@@ -150,13 +175,17 @@ def get_evaluation(job_id: str, request: Request) -> s.JobView:
     return s.JobView.from_record(job, api_context(request).url_for_job(request, job.id))
 
 
-@evaluations_router.get("/evaluations/{job_id}/results", response_model=s.EvaluationResults,
-                        dependencies=_scope("read"))
+@evaluations_router.get(
+    "/evaluations/{job_id}/results", response_model=s.EvaluationResults, dependencies=_scope("read")
+)
 def evaluation_results(job_id: str, request: Request) -> s.EvaluationResults:
     job = _evaluation_job(request, job_id)
     if job.state is not JobState.COMPLETED:
-        raise AlloyError(ErrorCode.CONFLICT, f"evaluation {job_id!r} is {job.state.value}, not COMPLETED",
-                         {"job_id": job_id, "state": job.state.value})
+        raise AlloyError(
+            ErrorCode.CONFLICT,
+            f"evaluation {job_id!r} is {job.state.value}, not COMPLETED",
+            {"job_id": job_id, "state": job.state.value},
+        )
     return s.EvaluationResults(job_id=job.id, **job.result)
 
 
@@ -166,8 +195,15 @@ models_router = APIRouter(tags=["models"])
 
 @models_router.post("/models", status_code=201, response_model=s.ModelView, dependencies=_scope("write"))
 async def register_model(body: s.ModelRegistration, request: Request) -> s.ModelView:
-    record = await call(api_context(request).handle(c.MODEL_REGISTRY), "register", body.model_id, body.source,
-                        _owner(request), body.lineage, timeout_s=600)
+    record = await call(
+        api_context(request).handle(c.MODEL_REGISTRY),
+        "register",
+        body.model_id,
+        body.source,
+        _owner(request),
+        body.lineage,
+        timeout_s=600,
+    )
     return s.ModelView.model_validate(_dump(record))
 
 
@@ -194,8 +230,16 @@ datasets_router = APIRouter(tags=["datasets"])
 
 @datasets_router.post("/datasets", status_code=201, response_model=s.DatasetView, dependencies=_scope("write"))
 async def register_dataset(body: s.DatasetRegistration, request: Request) -> s.DatasetView:
-    record = await call(api_context(request).handle(c.DATASET_REGISTRY), "register", body.dataset_id, body.source,
-                        body.splits, body.task, _owner(request), timeout_s=600)
+    record = await call(
+        api_context(request).handle(c.DATASET_REGISTRY),
+        "register",
+        body.dataset_id,
+        body.source,
+        body.splits,
+        body.task,
+        _owner(request),
+        timeout_s=600,
+    )
     return s.DatasetView.model_validate(_dump(record))
 
 
@@ -248,8 +292,12 @@ async def list_artifacts(request: Request, prefix: str = "") -> list[s.ArtifactV
     return [_artifact_view(ctx, request, info) for info in infos]
 
 
-@artifacts_router.get("/artifacts/{key:path}/content", dependencies=_scope("read"),
-                      response_class=StreamingResponse, summary="Download an artifact (streamed)")
+@artifacts_router.get(
+    "/artifacts/{key:path}/content",
+    dependencies=_scope("read"),
+    response_class=StreamingResponse,
+    summary="Download an artifact (streamed)",
+)
 async def download_artifact(key: str, request: Request) -> StreamingResponse:
     ctx = api_context(request)
     store = ctx.handle(c.ARTIFACT_STORE)
@@ -257,7 +305,8 @@ async def download_artifact(key: str, request: Request) -> StreamingResponse:
     chunks = store.options(stream=True).iter_bytes.remote(key)
     name = key.rsplit("/", 1)[-1]
     return StreamingResponse(
-        chunks, media_type="application/octet-stream",
+        chunks,
+        media_type="application/octet-stream",
         headers={"Content-Length": str(info.size), "Content-Disposition": f'attachment; filename="{name}"'},
     )
 
@@ -283,8 +332,12 @@ async def _component_health(ctx: ApiContext, name: str) -> s.ComponentHealth:
         return s.ComponentHealth(status="unhealthy", detail={"error": f"{type(exc).__name__}: {exc}"[:500]})
 
 
-@ops_router.get("/health", response_model=s.HealthView, dependencies=_scope("read"),
-                summary="Cluster state and the health of every component")
+@ops_router.get(
+    "/health",
+    response_model=s.HealthView,
+    dependencies=_scope("read"),
+    summary="Cluster state and the health of every component",
+)
 async def health(request: Request) -> s.HealthView:
     ctx = api_context(request)
     results = await asyncio.gather(*(_component_health(ctx, name) for name in COMPONENTS))
@@ -302,9 +355,14 @@ async def health(request: Request) -> s.HealthView:
     alive = {n["node_id"] for n in nodes if n["alive"]}
     draining = sorted(set(cluster.snapshot.get("draining_nodes", [])) & alive)
     return s.HealthView(
-        status="healthy" if healthy else "degraded", cluster_state=cluster.state.value,
-        config_version=max(cluster.config_version, ctx.config.version), profile=ctx.profile, gpus=ctx.gpus(),
-        nodes=nodes, draining_nodes=draining, components=components,
+        status="healthy" if healthy else "degraded",
+        cluster_state=cluster.state.value,
+        config_version=max(cluster.config_version, ctx.config.version),
+        profile=ctx.profile,
+        gpus=ctx.gpus(),
+        nodes=nodes,
+        draining_nodes=draining,
+        components=components,
     )
 
 
@@ -314,23 +372,29 @@ def _cluster_store(ctx: ApiContext) -> ClusterStateStore:
 
 def _nodes() -> list[dict[str, Any]]:
     try:
-        import ray
-
         if not ray.is_initialized():
             return []
         return [
-            {"node_id": n["NodeID"], "alive": bool(n.get("Alive")), "address": n.get("NodeManagerAddress"),
-             "resources": {k: v for k, v in (n.get("Resources") or {}).items() if k in ("CPU", "GPU", "memory")},
-             "head": "node:__internal_head__" in (n.get("Resources") or {})}
+            {
+                "node_id": n["NodeID"],
+                "alive": bool(n.get("Alive")),
+                "address": n.get("NodeManagerAddress"),
+                "resources": {k: v for k, v in (n.get("Resources") or {}).items() if k in ("CPU", "GPU", "memory")},
+                "head": "node:__internal_head__" in (n.get("Resources") or {}),
+            }
             for n in ray.nodes()
         ]
-    except Exception:  # noqa: BLE001 - health must answer even if the GCS is briefly unreachable
+    except Exception:
         logger.warning("could not list ray nodes", exc_info=True)
         return []
 
 
-@ops_router.get("/metrics", dependencies=_scope("read"), response_class=Response,
-                summary="Prometheus metrics (text exposition format)")
+@ops_router.get(
+    "/metrics",
+    dependencies=_scope("read"),
+    response_class=Response,
+    summary="Prometheus metrics (text exposition format)",
+)
 async def metrics(request: Request) -> Response:
     ctx = api_context(request)
     counts, throughput = await asyncio.to_thread(_job_figures, ctx.services.jobs)
@@ -344,7 +408,7 @@ async def metrics(request: Request) -> Response:
             continue
         try:
             ctx.metrics.observe_cache(name, await call(handle, "cache_stats", timeout_s=HEALTH_TIMEOUT_S))
-        except Exception:  # noqa: BLE001 - a busy or absent engine leaves its last figures
+        except Exception:
             logger.debug("cache stats of %s unavailable", name, exc_info=True)
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -362,8 +426,12 @@ def _job_figures(jobs) -> tuple[dict[tuple[str, str], int], float]:
 admin_router = APIRouter(prefix="/admin", tags=["admin"])
 
 
-@admin_router.post("/reload", response_model=s.ReloadView, dependencies=_scope("admin"),
-                   summary="Reload configuration (version increments)")
+@admin_router.post(
+    "/reload",
+    response_model=s.ReloadView,
+    dependencies=_scope("admin"),
+    summary="Reload configuration (version increments)",
+)
 async def reload_config(request: Request) -> s.ReloadView:
     ctx = api_context(request)
     store = _cluster_store(ctx)
@@ -374,11 +442,13 @@ async def reload_config(request: Request) -> s.ReloadView:
     return s.ReloadView(config_version=version)
 
 
-@admin_router.post("/drain", response_model=s.DrainView, dependencies=_scope("admin"),
-                   summary="Drain a node: no new tasks are scheduled on it, running ones finish")
+@admin_router.post(
+    "/drain",
+    response_model=s.DrainView,
+    dependencies=_scope("admin"),
+    summary="Drain a node: no new tasks are scheduled on it, running ones finish",
+)
 async def drain_node(body: s.DrainRequest, request: Request) -> s.DrainView:
-    from alloy.control.nodes import drain_ray_node
-
     ctx = api_context(request)
     node_id, accepted, message = await asyncio.to_thread(drain_ray_node, body.node_id, body.reason, body.deadline_s)
     if not accepted:
@@ -389,14 +459,22 @@ async def drain_node(body: s.DrainRequest, request: Request) -> s.DrainView:
     return s.DrainView(node_id=node_id, accepted=True, message=message or None)
 
 
-@admin_router.post("/flush", response_model=s.FlushView, dependencies=_scope("admin"),
-                   summary="Flush experiment logs (the log sequence number advances)")
+@admin_router.post(
+    "/flush",
+    response_model=s.FlushView,
+    dependencies=_scope("admin"),
+    summary="Flush experiment logs (the log sequence number advances)",
+)
 async def flush_tracker(request: Request) -> s.FlushView:
     return s.FlushView(lsn=await call(api_context(request).handle(c.EXPERIMENT_TRACKER), "flush"))
 
 
-@admin_router.delete("/cache", response_model=s.CacheClearView, dependencies=_scope("admin"),
-                     summary="Clear the engines' model caches (hit rate drops to zero)")
+@admin_router.delete(
+    "/cache",
+    response_model=s.CacheClearView,
+    dependencies=_scope("admin"),
+    summary="Clear the engines' model caches (hit rate drops to zero)",
+)
 async def clear_cache(request: Request) -> s.CacheClearView:
     ctx = api_context(request)
     cleared: dict[str, dict[str, Any]] = {}
@@ -425,16 +503,25 @@ def cluster_gate(request: Request) -> None:
 
 
 # --- assembly -----------------------------------------------------------------------------------------------
-GATED_ROUTERS = (merge_router, jobs_router, evaluations_router, models_router, datasets_router,
-                 experiments_router, artifacts_router, admin_router)
+GATED_ROUTERS = (
+    merge_router,
+    jobs_router,
+    evaluations_router,
+    models_router,
+    datasets_router,
+    experiments_router,
+    artifacts_router,
+    admin_router,
+)
 ROUTERS = (ops_router, *GATED_ROUTERS)
 
 
 def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
     app = FastAPI(
-        title="Alloy", version="1.0",
+        title="Alloy",
+        version="1.0",
         description="Model merge and evolution service. Every request carries an API key "
-                    "(`Authorization: Bearer <key>` or `X-API-Key`).",
+        "(`Authorization: Bearer <key>` or `X-API-Key`).",
     )
     app.state.ctx = ctx
     ctx.metrics = ctx.metrics or ApiMetrics()
@@ -448,12 +535,7 @@ def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
 
 
 def _install_cross_cutting(app: FastAPI, ctx: ApiContext, with_security: bool) -> None:
-    from serve_app.errors import install_error_handlers
-
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
     install_error_handlers(app)
     if with_security:
-        from alloy.storage.keys import ApiKeyStore
-        from serve_app.security import install_security
-
         install_security(app, key_store_factory=lambda: ApiKeyStore(ctx.services.db), settings=ctx.config.settings)

@@ -11,9 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray.serve import Application
 
 from alloy import components as c
+from alloy.cluster.storage_rule import check_storage_for_cluster
+from alloy.control.nodes import alive_ray_nodes
 from deployments.artifact_store import ArtifactStoreDeployment
 from deployments.dataset_registry import DatasetRegistryDeployment
 from deployments.evaluation_engine import EvaluationEngine
@@ -27,16 +30,18 @@ from serve_app.ingress import Ingress
 __all__ = ["AppArgs", "build_app"]
 
 GPU_ENGINES = c.ENGINES
-GPU_AUTOSCALING = {"min_replicas": 0, "initial_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 1,
-                   "upscale_delay_s": 10, "downscale_delay_s": 300}
+GPU_AUTOSCALING = {
+    "min_replicas": 0,
+    "initial_replicas": 1,
+    "max_replicas": 4,
+    "target_ongoing_requests": 1,
+    "upscale_delay_s": 10,
+    "downscale_delay_s": 300,
+}
 
 
 def _check_cluster(args: AppArgs) -> None:
     """Refuse a multi-node cluster with node-local storage before anything is deployed."""
-    import ray
-
-    from alloy.cluster.storage_rule import check_storage_for_cluster
-    from alloy.control.nodes import alive_ray_nodes
 
     if ray.is_initialized():
         check_storage_for_cluster(args.load_settings(), len(alive_ray_nodes()))
@@ -79,10 +84,11 @@ def build_app(args: AppArgs) -> Application:
         for name in GPU_ENGINES:
             if name in deployments:
                 deployments[name] = deployments[name].options(
-                    ray_actor_options={"num_cpus": 1, "num_gpus": 1}, autoscaling_config=GPU_AUTOSCALING,
+                    ray_actor_options={"num_cpus": 1, "num_gpus": 1},
+                    autoscaling_config=GPU_AUTOSCALING,
                 )
     handles = {name: deployment.bind(payload) for name, deployment in deployments.items()}
-    return Ingress.bind(payload, handles)
+    return Ingress.bind(payload, handles)  # type: ignore[attr-defined]  # @serve.deployment made it a Deployment
 
 
 def app_args_schema() -> dict[str, Any]:

@@ -45,8 +45,9 @@ class ApiContext:
     def handle(self, name: str):
         handle = self.handles.get(name)
         if handle is None:
-            raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"{name} is not deployed in this application",
-                             {"component": name})
+            raise AlloyError(
+                ErrorCode.SERVICE_UNAVAILABLE, f"{name} is not deployed in this application", {"component": name}
+            )
         return handle
 
     def gpus(self) -> float:
@@ -65,8 +66,11 @@ class ApiContext:
         if self.profile != "gpu" or self.gpu_on_demand:
             return
         if self.gpus() <= 0:
-            raise AlloyError(ErrorCode.GPU_UNAVAILABLE, "the GPU profile is active but the cluster has no GPU",
-                             {"profile": "gpu", "cluster_gpus": 0})
+            raise AlloyError(
+                ErrorCode.GPU_UNAVAILABLE,
+                "the GPU profile is active but the cluster has no GPU",
+                {"profile": "gpu", "cluster_gpus": 0},
+            )
 
 
 def api_context(request: Request) -> ApiContext:

@@ -71,7 +71,10 @@ class ErrorResponse(BaseModel):
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entries for the given statuses, all with the ErrorResponse body."""
-    return {status: {"model": ErrorResponse, "description": _STATUS_DESCRIPTIONS.get(status, "Error")} for status in statuses}
+    return {
+        status: {"model": ErrorResponse, "description": _STATUS_DESCRIPTIONS.get(status, "Error")}
+        for status in statuses
+    }
 
 
 _STATUS_DESCRIPTIONS = {
@@ -111,7 +114,11 @@ def _validation_details(errors: Iterable[dict[str, Any]]) -> list[dict[str, str]
     # Only location, message and type: pydantic's "input" would echo the request (secrets included) and its
     # "ctx" may hold objects that are not JSON.
     return [
-        {"field": ".".join(str(part) for part in e.get("loc", ())), "message": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        {
+            "field": ".".join(str(part) for part in e.get("loc", ())),
+            "message": str(e.get("msg", "")),
+            "type": str(e.get("type", "")),
+        }
         for e in errors
     ]
 
@@ -119,7 +126,14 @@ def _validation_details(errors: Iterable[dict[str, Any]]) -> list[dict[str, str]
 async def _handle_alloy_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AlloyError)
     if exc.http_status >= 500:
-        logger.warning("request_id=%s %s %s -> %s: %s", request_id_of(request), request.method, request.url.path, exc.code.value, exc.message)
+        logger.warning(
+            "request_id=%s %s %s -> %s: %s",
+            request_id_of(request),
+            request.method,
+            request.url.path,
+            exc.code.value,
+            exc.message,
+        )
     return error_json_response(exc, request_id_of(request))
 
 
@@ -213,7 +227,9 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_headers)
         except Exception:
             # Full detail to the server log, under the request id; nothing of it to the client.
-            logger.exception("request_id=%s unhandled error in %s %s", request_id, scope.get("method"), scope.get("path"))
+            logger.exception(
+                "request_id=%s unhandled error in %s %s", request_id, scope.get("method"), scope.get("path")
+            )
             if response_started:
                 raise  # too late for an error body; let the server abort the connection
             await internal_error_response(request_id)(scope, receive, send_with_headers)
@@ -254,7 +270,9 @@ def _document_errors(app: FastAPI) -> None:
                 if not isinstance(operation, dict) or "responses" not in operation:
                     continue
                 for status in (*_COMMON_STATUSES, 404, 405):
-                    entry = operation["responses"].setdefault(str(status), {"description": _STATUS_DESCRIPTIONS[status]})
+                    entry = operation["responses"].setdefault(
+                        str(status), {"description": _STATUS_DESCRIPTIONS[status]}
+                    )
                     entry["content"] = {"application/json": {"schema": reference}}
         app.openapi_schema = schema
         return schema

@@ -11,10 +11,13 @@ from typing import Any
 
 from ray import serve
 
-from alloy.control.nodes import cluster_gpu_count
 from alloy import components as c
-from deployments.runtime import open_services
+from alloy.cluster.state import CachedClusterState, ClusterStateStore
+from alloy.cluster.storage_rule import check_storage_for_cluster
 from alloy.config import ConfigHolder
+from alloy.control.nodes import alive_ray_nodes, cluster_gpu_count
+from deployments.runtime import open_services
+from serve_app.api import create_api
 from serve_app.context import ApiContext
 
 
@@ -22,10 +25,6 @@ from serve_app.context import ApiContext
 @serve.ingress()
 class Ingress:
     def __init__(self, args: dict[str, Any], handles: dict[str, Any]):
-        from alloy.cluster.state import CachedClusterState, ClusterStateStore
-        from alloy.cluster.storage_rule import check_storage_for_cluster
-        from alloy.control.nodes import alive_ray_nodes
-
         self.args, self.services = open_services(args)
         check_storage_for_cluster(self.services.settings, len(alive_ray_nodes()))
         self.services.db  # noqa: B018 - open and verify the schema now, not on the first request
@@ -41,6 +40,4 @@ class Ingress:
         )
 
     def __serve_build_asgi_app__(self):
-        from serve_app.api import create_api
-
         return create_api(self.context)

@@ -10,40 +10,62 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 - re-exported for the route
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401 - re-exported for the route
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from alloy.cluster.state import state_metric_values
 from alloy.jobs.store import JobState
 
 
 class ApiMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("alloy_http_requests_total", "HTTP requests", ["method", "route", "status"],
-                                registry=self.registry)
+        self.requests = Counter(
+            "alloy_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=self.registry
+        )
         self.latency = Histogram(
-            "alloy_http_request_duration_seconds", "HTTP request latency", ["method", "route"],
+            "alloy_http_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
         self.jobs = Gauge("alloy_jobs", "Jobs by kind and state", ["kind", "state"], registry=self.registry)
-        self.queue_depth = Gauge("alloy_job_queue_depth", "Jobs waiting to start (CREATED)", ["kind"],
-                                 registry=self.registry)
-        self.merge_bytes_per_s = Gauge("alloy_merge_bytes_per_second", "Sum of running merges' throughput",
-                                       registry=self.registry)
-        self.cache_hit_rate = Gauge("alloy_model_cache_hit_rate", "Model cache hit rate since last clear",
-                                    ["component"], registry=self.registry)
-        self.cache_hits = Gauge("alloy_model_cache_hits", "Model cache hits since last clear", ["component"],
-                                registry=self.registry)
-        self.cache_misses = Gauge("alloy_model_cache_misses", "Model cache misses since last clear",
-                                  ["component"], registry=self.registry)
+        self.queue_depth = Gauge(
+            "alloy_job_queue_depth", "Jobs waiting to start (CREATED)", ["kind"], registry=self.registry
+        )
+        self.merge_bytes_per_s = Gauge(
+            "alloy_merge_bytes_per_second", "Sum of running merges' throughput", registry=self.registry
+        )
+        self.cache_hit_rate = Gauge(
+            "alloy_model_cache_hit_rate", "Model cache hit rate since last clear", ["component"], registry=self.registry
+        )
+        self.cache_hits = Gauge(
+            "alloy_model_cache_hits", "Model cache hits since last clear", ["component"], registry=self.registry
+        )
+        self.cache_misses = Gauge(
+            "alloy_model_cache_misses", "Model cache misses since last clear", ["component"], registry=self.registry
+        )
         self.config_version = Gauge("alloy_config_version", "Live configuration version", registry=self.registry)
-        self.cluster_state = Gauge("alloy_cluster_state", "1 for the current cluster lifecycle state, 0 for others",
-                                   ["state"], registry=self.registry)
+        self.cluster_state = Gauge(
+            "alloy_cluster_state",
+            "1 for the current cluster lifecycle state, 0 for others",
+            ["state"],
+            registry=self.registry,
+        )
         self.lifecycle_step_seconds = Gauge(
-            "alloy_lifecycle_step_seconds", "Duration of each step of the last start and the last stop",
-            ["phase", "step"], registry=self.registry)
+            "alloy_lifecycle_step_seconds",
+            "Duration of each step of the last start and the last stop",
+            ["phase", "step"],
+            registry=self.registry,
+        )
 
     def observe_jobs(self, counts: dict[tuple[str, str], int], running_bytes_per_s: float) -> None:
         for (kind, state), count in counts.items():
@@ -60,8 +82,6 @@ class ApiMetrics:
     def observe_cluster(self, status: Any) -> None:
         """The persisted cluster status (alloy.cluster.state.ClusterStatus): the one-hot state gauge and the
         step durations of the last start and stop."""
-        from alloy.cluster.state import state_metric_values
-
         for name, value in state_metric_values(status.state).items():
             self.cluster_state.labels(state=name).set(value)
         for phase, run in (("start", status.last_start), ("stop", status.last_stop)):

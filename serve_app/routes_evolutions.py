@@ -14,7 +14,9 @@ from fastapi import APIRouter, Depends, Request, Response
 from alloy import components as c
 from alloy.errors import not_found
 from alloy.jobs.store import JobKind, JobRecord
+from alloy.storage.tracker import ExperimentTracker
 from evolution.config import EvolutionSpec
+from evolution.engine import EvolutionService
 from serve_app.context import api_context
 from serve_app.schemas import JobAccepted
 from serve_app.security import require_scope
@@ -61,54 +63,68 @@ def _view(request: Request, job: JobRecord) -> dict[str, Any]:
     }
 
 
-@router.post("/evolutions", status_code=202, response_model=JobAccepted,
-             dependencies=[Depends(require_scope("write"))], summary="Start an evolution job")
+@router.post(
+    "/evolutions",
+    status_code=202,
+    response_model=JobAccepted,
+    dependencies=[Depends(require_scope("write"))],
+    summary="Start an evolution job",
+)
 async def create_evolution(body: EvolutionSpec, request: Request, response: Response) -> JobAccepted:
     ctx = api_context(request)
     ctx.require_gpu_capacity()
     engine = ctx.handle(c.EVOLUTION_ENGINE)
     if body.models or body.base_model:  # explicit parents must exist before a job is accepted
         registry = ctx.handle(c.MODEL_REGISTRY)
-        await asyncio.gather(*(registry.get.remote(m) for m in [*(body.models or []), *([body.base_model] if body.base_model else [])]))
-    job = await asyncio.to_thread(ctx.services.jobs.create, JobKind.EVOLUTION, body.model_dump(mode="json"),
-                                  _owner(request))
+        await asyncio.gather(
+            *(registry.get.remote(m) for m in [*(body.models or []), *([body.base_model] if body.base_model else [])])
+        )
+    job = await asyncio.to_thread(
+        ctx.services.jobs.create, JobKind.EVOLUTION, body.model_dump(mode="json"), _owner(request)
+    )
     engine.run_job.remote(job.id)  # fire and forget: the engine replica owns the job from here on
     url = _progress_url(request, job.id)
     response.headers["Location"] = url
     return JobAccepted(job_id=job.id, progress_url=url)
 
 
-@router.get("/evolutions/{job_id}", dependencies=[Depends(require_scope("read"))],
-            summary="Progress of an evolution: generation, best and median fitness, trials")
+@router.get(
+    "/evolutions/{job_id}",
+    dependencies=[Depends(require_scope("read"))],
+    summary="Progress of an evolution: generation, best and median fitness, trials",
+)
 def get_evolution(job_id: str, request: Request) -> dict[str, Any]:
     return _view(request, _evolution(request, job_id))
 
 
-@router.get("/evolutions/{job_id}/trials", dependencies=[Depends(require_scope("read"))],
-            summary="Every evaluated candidate: genome, recipe, metrics, parent trial")
+@router.get(
+    "/evolutions/{job_id}/trials",
+    dependencies=[Depends(require_scope("read"))],
+    summary="Every evaluated candidate: genome, recipe, metrics, parent trial",
+)
 def evolution_trials(job_id: str, request: Request, generation: int | None = None) -> dict[str, Any]:
-    from alloy.storage.tracker import ExperimentTracker
-    from evolution.engine import EvolutionService
-
     job = _evolution(request, job_id)
     services = api_context(request).services
-    reader = EvolutionService(services.settings, db=services.db, jobs=services.jobs,
-                              tracker=ExperimentTracker(services.db), models=None)
+    reader = EvolutionService(
+        services.settings, db=services.db, jobs=services.jobs, tracker=ExperimentTracker(services.db), models=None
+    )
     trials = reader.trials(job.id, generation)
     return {"job_id": job.id, "state": job.state.value, "count": len(trials), "trials": trials}
 
 
-@router.post("/evolutions/{job_id}/cancel", status_code=202, dependencies=[Depends(require_scope("write"))],
-             summary="Stop a running evolution (it ends FAILED with code CANCELLED)")
+@router.post(
+    "/evolutions/{job_id}/cancel",
+    status_code=202,
+    dependencies=[Depends(require_scope("write"))],
+    summary="Stop a running evolution (it ends FAILED with code CANCELLED)",
+)
 async def cancel_evolution(job_id: str, request: Request) -> dict[str, Any]:
-    from alloy.storage.tracker import ExperimentTracker
-    from evolution.engine import EvolutionService
-
     _evolution(request, job_id)
     services = api_context(request).services
     # The request is recorded in the JobStore; the process running the search (a Serve replica or a
     # `ray job submit` driver) sees it within seconds and stops Tune.
-    canceller = EvolutionService(services.settings, db=services.db, jobs=services.jobs,
-                                 tracker=ExperimentTracker(services.db), models=None)
+    canceller = EvolutionService(
+        services.settings, db=services.db, jobs=services.jobs, tracker=ExperimentTracker(services.db), models=None
+    )
     job = await asyncio.to_thread(canceller.cancel, job_id)
     return _view(request, job)

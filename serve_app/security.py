@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 
 import anyio
 from fastapi import FastAPI, Request
-from limits import RateLimitItem, parse as parse_limit
+from limits import RateLimitItem
+from limits import parse as parse_limit
 from limits.storage import Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 from starlette.datastructures import Headers
@@ -160,7 +161,7 @@ def _route_path(scope: Scope) -> str:
     path = scope.get("path") or "/"
     root = scope.get("root_path") or ""
     if root and path.startswith(root):
-        path = path[len(root):] or "/"
+        path = path[len(root) :] or "/"
     return path.rstrip("/") or "/"
 
 
@@ -208,7 +209,9 @@ class SecurityMiddleware:
         except Exception:
             # Key store or rate-limit storage down: refuse (fail closed) rather than serve unauthenticated.
             logger.exception("request_id=%s security check failed", state.get(STATE_REQUEST_ID))
-            admission = Admission(error=AlloyError(ErrorCode.SERVICE_UNAVAILABLE, "authentication is temporarily unavailable"))
+            admission = Admission(
+                error=AlloyError(ErrorCode.SERVICE_UNAVAILABLE, "authentication is temporarily unavailable")
+            )
         state.setdefault(STATE_RESPONSE_HEADERS, []).extend(admission.headers)
         if admission.error is None:
             admission.error = self._body_length_error(headers)
@@ -237,7 +240,8 @@ class SecurityMiddleware:
                 admission.error = AlloyError(ErrorCode.UNAUTHENTICATED, "the API key is invalid, expired or revoked")
             elif path not in self.public_paths:
                 admission.error = AlloyError(
-                    ErrorCode.UNAUTHENTICATED, "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
+                    ErrorCode.UNAUTHENTICATED,
+                    "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
                 )
             return admission
         if (method, path) in self.job_routes:
@@ -259,7 +263,8 @@ class SecurityMiddleware:
             return AlloyError(ErrorCode.VALIDATION_FAILED, "invalid Content-Length header", {"field": "Content-Length"})
         if int(declared) > self.max_body_bytes:
             return AlloyError(
-                ErrorCode.PAYLOAD_TOO_LARGE, f"request body exceeds the limit of {self.max_body_bytes} bytes",
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"request body exceeds the limit of {self.max_body_bytes} bytes",
                 {"limit_bytes": self.max_body_bytes},
             )
         return None

@@ -88,7 +88,9 @@ def fuzz_api(
     on the first malformed response. Returns what was exercised. ``schema_with_key=False`` fetches the (public)
     OpenAPI document without the key, for runs whose key is meant to be refused."""
     auth = {"Authorization": f"Bearer {api_key}"}
-    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json", headers=auth if schema_with_key else {}, timeout=30)
+    schema = schemathesis.openapi.from_url(
+        f"{base_url}/openapi.json", headers=auth if schema_with_key else {}, timeout=30
+    )
     excluded = [re.compile(pattern) for pattern in exclude_paths]
     report = FuzzReport()
     for result in schema.get_all_operations():
@@ -102,7 +104,9 @@ def fuzz_api(
     return report
 
 
-def _fuzz_operation(strategy, base_url: str, auth: dict[str, str], label: str, report: FuzzReport, max_examples: int) -> None:
+def _fuzz_operation(
+    strategy, base_url: str, auth: dict[str, str], label: str, report: FuzzReport, max_examples: int
+) -> None:
     @settings(
         max_examples=max_examples,
         deadline=None,

@@ -139,9 +139,21 @@ def serve_in_processes(count: int, env: dict[str, str]) -> Iterator[list[str]]:
     ports = [free_port() for _ in range(count)]
     processes = [
         subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.security_helpers:app_from_env", "--factory",
-             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-            cwd=REPO_ROOT, env={**os.environ, **env},
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "tests.security_helpers:app_from_env",
+                "--factory",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
         )
         for port in ports
     ]

@@ -59,19 +59,35 @@ def key() -> None:
 
 @key.command("create")
 @click.option("--owner", required=True, help="Who the key belongs to (a person, team or service)")
-@click.option("--scope", "scopes", multiple=True, type=click.Choice(SCOPES), default=("read",), show_default=True,
-              help="Repeatable; admin implies write implies read")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice(SCOPES),
+    default=("read",),
+    show_default=True,
+    help="Repeatable; admin implies write implies read",
+)
 @click.option("--read-limit", default=None, help="Per-key read limit, e.g. 500/minute (default: configured)")
 @click.option("--jobs-limit", default=None, help="Per-key job-creation limit, e.g. 20/minute (default: configured)")
 @click.option("--expires-in", default=None, help="Lifetime such as 30d, 12h (default: no expiry)")
 @click.option("--json", "as_json", is_flag=True, help="Print the record and key as JSON")
 @click.option("--quiet", is_flag=True, help="Print only the key")
-def create(owner: str, scopes: tuple[str, ...], read_limit: str | None, jobs_limit: str | None,
-           expires_in: str | None, as_json: bool, quiet: bool) -> None:
+def create(
+    owner: str,
+    scopes: tuple[str, ...],
+    read_limit: str | None,
+    jobs_limit: str | None,
+    expires_in: str | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Create a key and print it once."""
     expires_at = datetime.now(timezone.utc) + _parse_duration(expires_in) if expires_in else None
     try:
-        record, plaintext = _store().create(owner, scopes, read_limit=read_limit, jobs_limit=jobs_limit, expires_at=expires_at)
+        record, plaintext = _store().create(
+            owner, scopes, read_limit=read_limit, jobs_limit=jobs_limit, expires_at=expires_at
+        )
     except AlloyError as error:
         raise _fail(error) from None
     _show_new_key(record, plaintext, as_json=as_json, quiet=quiet)
@@ -92,8 +108,10 @@ def list_keys(active_only: bool, as_json: bool) -> None:
         return
     click.echo(f"{'KEY_ID':<18} {'OWNER':<20} {'SCOPES':<18} {'STATUS':<8} {'EXPIRES':<26} ROTATED_FROM")
     for row in rows:
-        click.echo(f"{row['key_id']:<18} {row['owner'][:20]:<20} {','.join(row['scopes']):<18} {row['status']:<8} "
-                   f"{row['expires_at'] or '-':<26} {row['rotated_from'] or '-'}")
+        click.echo(
+            f"{row['key_id']:<18} {row['owner'][:20]:<20} {','.join(row['scopes']):<18} {row['status']:<8} "
+            f"{row['expires_at'] or '-':<26} {row['rotated_from'] or '-'}"
+        )
 
 
 @key.command("revoke")
@@ -104,13 +122,19 @@ def revoke(key_id: str) -> None:
         record = _store().revoke(key_id)
     except AlloyError as error:
         raise _fail(error) from None
-    click.echo(f"revoked {record.key_id} (owner {record.owner}) at {record.revoked_at.isoformat() if record.revoked_at else '-'}")
+    click.echo(
+        f"revoked {record.key_id} (owner {record.owner}) at {record.revoked_at.isoformat() if record.revoked_at else '-'}"
+    )
 
 
 @click.command("key-rotate")
 @click.argument("key_id")
-@click.option("--grace-seconds", type=click.IntRange(min=0), default=None,
-              help="How long the old key keeps working (default: auth.rotation_grace_seconds)")
+@click.option(
+    "--grace-seconds",
+    type=click.IntRange(min=0),
+    default=None,
+    help="How long the old key keeps working (default: auth.rotation_grace_seconds)",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--quiet", is_flag=True, help="Print only the new key")
 def key_rotate(key_id: str, grace_seconds: int | None, as_json: bool, quiet: bool) -> None:

@@ -15,9 +15,11 @@ def resolve_model_path(reference: str, recipe_dir: Path) -> Path:
     for candidate in (Path(reference).expanduser(), recipe_dir / reference):
         if (candidate / "config.json").is_file():
             return candidate.resolve()
-    raise AlloyError(ErrorCode.MODEL_NOT_FOUND,
-                     f"model {reference!r} is not a local model folder (alloy merge never downloads from a hub)",
-                     {"model_id": reference})
+    raise AlloyError(
+        ErrorCode.MODEL_NOT_FOUND,
+        f"model {reference!r} is not a local model folder (alloy merge never downloads from a hub)",
+        {"model_id": reference},
+    )
 
 
 @click.command("merge")
@@ -25,13 +27,27 @@ def resolve_model_path(reference: str, recipe_dir: Path) -> Path:
 @click.argument("out_dir", type=click.Path(path_type=Path))
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--seed", type=int, default=None, help="Seed for DARE and stochastic TIES (overrides the recipe's)")
-@click.option("--shard-size", "shard_bytes", type=int, default=2 * 1024**3, show_default=True,
-              help="Largest output shard in bytes")
+@click.option(
+    "--shard-size",
+    "shard_bytes",
+    type=int,
+    default=2 * 1024**3,
+    show_default=True,
+    help="Largest output shard in bytes",
+)
 @click.option("--max-in-flight", type=int, default=4, show_default=True, help="Tensors merged at once, at most")
 @click.option("--workers", type=int, default=2, show_default=True, help="Merge threads")
 @click.option("--quiet", is_flag=True, help="No progress bar")
-def merge(recipe_file: Path, out_dir: Path, device: str, seed: int | None, shard_bytes: int, max_in_flight: int,
-          workers: int, quiet: bool) -> None:
+def merge(
+    recipe_file: Path,
+    out_dir: Path,
+    device: str,
+    seed: int | None,
+    shard_bytes: int,
+    max_in_flight: int,
+    workers: int,
+    quiet: bool,
+) -> None:
     """Merge the models of RECIPE_FILE (Alloy or mergekit YAML) into the new folder OUT_DIR."""
     from tqdm import tqdm
 
@@ -53,12 +69,23 @@ def merge(recipe_file: Path, out_dir: Path, device: str, seed: int | None, shard
             bar.update(progress.bytes_done - bar.n)
 
         try:
-            result = execute_merge(recipe, sources, out_dir, device=device, progress=report,
-                                   shard_bytes=shard_bytes, max_in_flight=max_in_flight, workers=workers)
+            result = execute_merge(
+                recipe,
+                sources,
+                out_dir,
+                device=device,
+                progress=report,
+                shard_bytes=shard_bytes,
+                max_in_flight=max_in_flight,
+                workers=workers,
+            )
         finally:
             if bar is not None:
                 bar.close()
     except AlloyError as exc:
-        raise click.ClickException(f"{exc.code.value}: {exc.message}" + (f" {exc.details}" if exc.details else "")) from None
-    click.echo(f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} "
-               f"in {result.seconds:.1f}s")
+        raise click.ClickException(
+            f"{exc.code.value}: {exc.message}" + (f" {exc.details}" if exc.details else "")
+        ) from None
+    click.echo(
+        f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} in {result.seconds:.1f}s"
+    )

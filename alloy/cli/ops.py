@@ -69,14 +69,27 @@ class _Signals:
 @click.command()
 @click.option("--demo/--no-demo", default=False, help="Build the offline demo zoo and register it")
 @click.option("--warm", is_flag=True, help="Warm start: restore the worker pools saved at the last stop")
-@click.option("--skip-dependency-checks", is_flag=True,
-              help="With --warm: skip dependency validation (the operator confirms they are healthy)")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Alloy config file (default: ALLOY_CONFIG or configs/alloy.yaml)")
-@click.option("--serve-config", type=click.Path(dir_okay=False), default=None,
-              help="Serve config file (default: configs/serve.yaml)")
-def start(demo: bool, warm: bool, skip_dependency_checks: bool, config_path: str | None,
-          serve_config: str | None) -> None:
+@click.option(
+    "--skip-dependency-checks",
+    is_flag=True,
+    help="With --warm: skip dependency validation (the operator confirms they are healthy)",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Alloy config file (default: ALLOY_CONFIG or configs/alloy.yaml)",
+)
+@click.option(
+    "--serve-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Serve config file (default: configs/serve.yaml)",
+)
+def start(
+    demo: bool, warm: bool, skip_dependency_checks: bool, config_path: str | None, serve_config: str | None
+) -> None:
     """Start a local Ray cluster and the Alloy app (cold, or --warm); stays in the foreground until stopped
     (`alloy stop`, SIGTERM or Ctrl-C). SIGHUP reloads the configuration."""
     from alloy.control.local_run import reload_local, start_local
@@ -86,12 +99,20 @@ def start(demo: bool, warm: bool, skip_dependency_checks: bool, config_path: str
     _show_lifecycle_steps()
     click.echo(f"{'warm' if warm else 'cold'} start:", err=True)
     try:
-        run = start_local(config_path=config_path, demo=demo, serve_config=serve_config, warm=warm,
-                          skip_dependency_checks=skip_dependency_checks, echo=lambda m: click.echo(m, err=True))
+        run = start_local(
+            config_path=config_path,
+            demo=demo,
+            serve_config=serve_config,
+            warm=warm,
+            skip_dependency_checks=skip_dependency_checks,
+            echo=lambda m: click.echo(m, err=True),
+        )
     except AlloyError as exc:
         raise click.ClickException(f"{exc.code.value}: {exc.message}") from None
-    click.echo(f"\nAlloy is READY in {run.start.total_s:.1f}s: {run.url}  "
-               f"(API docs: {run.url}/docs, Ray dashboard: {run.head.dashboard_url})")
+    click.echo(
+        f"\nAlloy is READY in {run.start.total_s:.1f}s: {run.url}  "
+        f"(API docs: {run.url}/docs, Ray dashboard: {run.head.dashboard_url})"
+    )
     if run.admin_key:
         click.echo(f"admin API key: {run.admin_key}")
         click.echo(f"  export ALLOY_URL={run.url} ALLOY_API_KEY={run.admin_key}")
@@ -115,11 +136,11 @@ def _reload(run, reload_local) -> None:
         result = reload_local(run)
     except Exception as exc:  # noqa: BLE001 - an invalid configuration keeps the running one
         message = exc.message if isinstance(exc, AlloyError) else f"{type(exc).__name__}: {exc}"
-        click.echo(f"reload refused, configuration version {run.context['config'].version} kept: {message}",
-                   err=True)
+        click.echo(f"reload refused, configuration version {run.context['config'].version} kept: {message}", err=True)
         return
-    click.echo(f"reloaded: READY in {result.total_s:.1f}s, configuration version "
-               f"{run.context['config'].version}", err=True)
+    click.echo(
+        f"reloaded: READY in {result.total_s:.1f}s, configuration version {run.context['config'].version}", err=True
+    )
 
 
 def _stop(run, signals: _Signals) -> int:
@@ -139,9 +160,14 @@ def _stop(run, signals: _Signals) -> int:
 
 @click.command()
 @click.option("--force", is_flag=True, help="Cancel active jobs at once instead of waiting for them")
-@click.option("--timeout", "timeout_s", type=float, default=None,
-              help="Seconds to wait for active merges and evaluations before forcing "
-                   "(default: lifecycle.shutdown_timeout_s, 300)")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=None,
+    help="Seconds to wait for active merges and evaluations before forcing "
+    "(default: lifecycle.shutdown_timeout_s, 300)",
+)
 def stop(force: bool, timeout_s: float | None) -> None:
     """Stop the cluster started by ``alloy start``: graceful (drain active jobs, flush, close, terminate) or
     --force. Exits 2 when a graceful stop ran past its timeout and was forced."""
@@ -154,8 +180,9 @@ def stop(force: bool, timeout_s: float | None) -> None:
     local = read_local_state(data_dir)
     if local is None or not pid_alive(local.get("pid")):
         status = _cluster_status(settings)
-        raise click.ClickException(f"no running `alloy start` for data dir {data_dir} (cluster state: "
-                                   f"{status.state.value})")
+        raise click.ClickException(
+            f"no running `alloy start` for data dir {data_dir} (cluster state: {status.state.value})"
+        )
     limit = (timeout_s if timeout_s is not None else settings.lifecycle.shutdown_timeout_s) + STOP_GRACE_S
     write_stop_request(data_dir, StopRequest(force=force, timeout_s=timeout_s))
     os.kill(local["pid"], signal.SIGTERM)
@@ -165,8 +192,10 @@ def stop(force: bool, timeout_s: float | None) -> None:
     while pid_alive(local["pid"]) and time.monotonic() < deadline:
         time.sleep(0.5)
     if pid_alive(local["pid"]):
-        raise click.ClickException(f"`alloy start` (pid {local['pid']}) is still stopping after {waited_s:.0f}s; "
-                                   "`alloy stop --force` forces it")
+        raise click.ClickException(
+            f"`alloy start` (pid {local['pid']}) is still stopping after {waited_s:.0f}s; "
+            "`alloy stop --force` forces it"
+        )
     status = _cluster_status(settings)
     click.echo(f"cluster: {status.state.value}")
     _echo_run("stop", status.last_stop)
@@ -193,9 +222,9 @@ def status(as_json: bool) -> None:
     import json
 
     from alloy.cluster.state import ClusterState, ClusterStateStore
-    from alloy.storage.db import Database
-    from alloy.jobs.store import JobStore
     from alloy.control.local_run import local_settings, pid_alive, read_local_state
+    from alloy.jobs.store import JobStore
+    from alloy.storage.db import Database
 
     settings = local_settings()
     db = Database.from_settings(settings)
@@ -208,8 +237,9 @@ def status(as_json: bool) -> None:
     running = local is not None and pid_alive(local.get("pid"))
     if as_json:
         body = cluster.model_dump(mode="json", exclude={"snapshot"})
-        body.update(active_jobs=len(active), url=local["url"] if running else None,
-                    pid=local["pid"] if running else None)
+        body.update(
+            active_jobs=len(active), url=local["url"] if running else None, pid=local["pid"] if running else None
+        )
         click.echo(json.dumps(body, indent=2))
     else:
         _echo_status(cluster, active, local if running else None)
@@ -222,8 +252,10 @@ def _echo_status(cluster, active, local) -> None:
     if local is not None:
         click.echo(f"running: {local['url']} (pid {local['pid']}, ray {local['address']})")
     elif cluster.state.value != "STOPPED":
-        click.echo("no `alloy start` process is alive: the last run ended uncleanly; the next start checks "
-                   "consistency and replays interrupted jobs")
+        click.echo(
+            "no `alloy start` process is alive: the last run ended uncleanly; the next start checks "
+            "consistency and replays interrupted jobs"
+        )
     pools = ", ".join(f"{name} x{count}" for name, count in sorted(cluster.pools.items())) or "none saved"
     click.echo(f"pools: {pools}")
     _echo_run("last start", cluster.last_start)
@@ -237,4 +269,3 @@ def _echo_status(cluster, active, local) -> None:
         by_state[job.state.value] = by_state.get(job.state.value, 0) + 1
     detail = ", ".join(f"{count} {state}" for state, count in sorted(by_state.items()))
     click.echo(f"active jobs: {len(active)}{f' ({detail})' if detail else ''}")
-

@@ -35,8 +35,9 @@ def follow(client, progress_url: str, *, poll_s: float = 0.5, out=None) -> dict[
     """Poll until a terminal state, drawing a tqdm bar of percent done; returns the last job view."""
     from tqdm import tqdm
 
-    with tqdm(total=100.0, unit="%", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}% [{elapsed}] {postfix}",
-              file=out) as bar:
+    with tqdm(
+        total=100.0, unit="%", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}% [{elapsed}] {postfix}", file=out
+    ) as bar:
         while True:
             response = client.get(progress_url)
             job = response.json()
@@ -76,8 +77,7 @@ def submit() -> None:
 
 
 @submit.command("merge")
-@click.option("--models", "-m", cls=ManyValuesOption, multiple=True, required=True,
-              help="Model ids: --models a b c")
+@click.option("--models", "-m", cls=ManyValuesOption, multiple=True, required=True, help="Model ids: --models a b c")
 @click.option("--strategy", "-s", required=True, help="slerp | ties | dare | task_arithmetic | franken_merge")
 @click.option("--param", "-p", "params", multiple=True, help="Strategy parameter name=value (repeatable)")
 @click.option("--output", "-o", required=True, help="ID of the merged model")
@@ -91,15 +91,22 @@ def merge(models, strategy, params, output, base_model, dtype, url, key, no_wait
     import httpx
 
     ids = [m for group in models for m in group.split()]
-    body: dict[str, Any] = {"models": ids, "strategy": strategy, "parameters": dict(map(parse_param, params)),
-                            "output_model_id": output}
+    body: dict[str, Any] = {
+        "models": ids,
+        "strategy": strategy,
+        "parameters": dict(map(parse_param, params)),
+        "output_model_id": output,
+    }
     if base_model:
         body["base_model"] = base_model
     if dtype:
         body["dtype"] = dtype
     try:
-        job = _submit_and_follow(httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {key}"},
-                                              timeout=60), body, no_wait)
+        job = _submit_and_follow(
+            httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {key}"}, timeout=60),
+            body,
+            no_wait,
+        )
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach {url}: {exc}") from None
     if job is None:

@@ -30,7 +30,11 @@ def list_presets(data_dir: str | None) -> None:
     root = _data_dir(data_dir)
     for name, (_, description) in PRESETS.items():
         manifest = built_preset(preset_root(name, root))
-        state = f"built ({manifest.build_seconds:.0f}s, {len(manifest.models)} models, {len(manifest.datasets)} datasets)" if manifest else "not built"
+        state = (
+            f"built ({manifest.build_seconds:.0f}s, {len(manifest.models)} models, {len(manifest.datasets)} datasets)"
+            if manifest
+            else "not built"
+        )
         click.echo(f"{name:14s} {state:50s} {description}")
 
 
@@ -67,11 +71,11 @@ def build(preset: str, data_dir: str | None, seed: int, force: bool, register: b
 
 
 def _register(manifest) -> None:
-    from alloy.storage.artifacts import ArtifactStore
     from alloy.config import load_settings
-    from alloy.storage.db import Database
     from alloy.registry.datasets import DatasetRegistry
     from alloy.registry.models import ModelRegistry
+    from alloy.storage.artifacts import ArtifactStore
+    from alloy.storage.db import Database
     from alloy.zoo.presets import register_preset
 
     settings = load_settings()
@@ -84,5 +88,7 @@ def _register(manifest) -> None:
         done = register_preset(manifest, models, datasets, store=store)
     finally:
         database.close()
-    click.echo(f"registered {len(done['models'])} models and {len(done['datasets'])} datasets "
-               "(already registered ones left as they were)")
+    click.echo(
+        f"registered {len(done['models'])} models and {len(done['datasets'])} datasets "
+        "(already registered ones left as they were)"
+    )

@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from alloy.cluster.queue_checks import DependencyFailed, check_amqp, check_nats, check_redis
 from alloy.errors import AlloyError, ErrorCode
 
 if TYPE_CHECKING:
-    from alloy.storage.artifacts import ArtifactStore
     from alloy.config import Settings
+    from alloy.storage.artifacts import ArtifactStore
     from alloy.storage.db import Database
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -53,14 +55,15 @@ class DependencyReport(BaseModel):
     def summary(self) -> str:
         return ", ".join(f"{c.name} {'ok' if c.ok else 'FAILED'} ({c.duration_s * 1000:.0f} ms)" for c in self.checks)
 
-    def raise_for_failures(self) -> "DependencyReport":
+    def raise_for_failures(self) -> DependencyReport:
         failures = self.failures
         if not failures:
             return self
         gpu_only = all(c.name == "GPU nodes" for c in failures)
         message = "dependency check failed: " + "; ".join(f"{c.name} at {c.target}: {c.detail}" for c in failures)
         raise AlloyError(
-            ErrorCode.GPU_UNAVAILABLE if gpu_only else ErrorCode.SERVICE_UNAVAILABLE, message,
+            ErrorCode.GPU_UNAVAILABLE if gpu_only else ErrorCode.SERVICE_UNAVAILABLE,
+            message,
             {"failed": [c.name for c in failures], "checks": [c.model_dump() for c in self.checks]},
         )
 
@@ -88,16 +91,15 @@ def _run(name: str, target: str, check: Callable[[], str]) -> DependencyCheck:
         detail, ok = "timed out waiting for the server's answer (wrong port or protocol?)", False
     except Exception as exc:  # noqa: BLE001 - any failure of a dependency is reported, not raised
         detail, ok = f"{type(exc).__name__}: {exc}", False
-    return DependencyCheck(name=name, target=target, ok=ok, duration_s=round(time.perf_counter() - started, 4),
-                           detail=detail[:500])
+    return DependencyCheck(
+        name=name, target=target, ok=ok, duration_s=round(time.perf_counter() - started, 4), detail=detail[:500]
+    )
 
 
 # --- database ------------------------------------------------------------------------------------------------
 
-def check_database(db: "Database") -> DependencyCheck:
-    from sqlalchemy import text
-    from sqlalchemy.engine import make_url
 
+def check_database(db: Database) -> DependencyCheck:
     def probe() -> str:
         with db.engine.connect() as connection:
             if connection.execute(text("SELECT 1")).scalar() != 1:
@@ -109,7 +111,8 @@ def check_database(db: "Database") -> DependencyCheck:
 
 # --- object store --------------------------------------------------------------------------------------------
 
-def check_object_store(store: "ArtifactStore") -> DependencyCheck:
+
+def check_object_store(store: ArtifactStore) -> DependencyCheck:
     """Write, read back and delete a probe object (a read-only or full store fails here, not mid-merge)."""
 
     def probe() -> str:
@@ -130,17 +133,30 @@ def check_object_store(store: "ArtifactStore") -> DependencyCheck:
 
 # --- message queues ------------------------------------------------------------------------------------------
 
+
 def check_message_queue(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> DependencyCheck:
     scheme = urlsplit(url).scheme.lower()
-    checks = {"amqp": check_amqp, "amqps": check_amqp, "nats": check_nats, "tls": check_nats,
-              "redis": check_redis, "rediss": check_redis}
+    checks = {
+        "amqp": check_amqp,
+        "amqps": check_amqp,
+        "nats": check_nats,
+        "tls": check_nats,
+        "redis": check_redis,
+        "rediss": check_redis,
+    }
     if scheme not in checks:
-        return DependencyCheck(name="message queue", target=masked(url), ok=False, duration_s=0.0,
-                               detail=f"unsupported scheme {scheme!r}: use amqp://, nats:// or redis://")
+        return DependencyCheck(
+            name="message queue",
+            target=masked(url),
+            ok=False,
+            duration_s=0.0,
+            detail=f"unsupported scheme {scheme!r}: use amqp://, nats:// or redis://",
+        )
     return _run("message queue", masked(url), lambda: checks[scheme](url, timeout_s))
 
 
 # --- GPU nodes -----------------------------------------------------------------------------------------------
+
 
 def check_gpu_nodes(gpu_count: Callable[[], float], required: float = 1) -> DependencyCheck:
     """``gpu_count`` returns the cluster's total GPUs (on Ray: ``ray.cluster_resources().get("GPU", 0)``)."""
@@ -160,11 +176,12 @@ def _no_gpu_probe() -> float:
 
 # --- all of them ---------------------------------------------------------------------------------------------
 
+
 def validate_dependencies(
-    settings: "Settings",
+    settings: Settings,
     *,
-    db: "Database | None" = None,
-    store: "ArtifactStore | None" = None,
+    db: Database | None = None,
+    store: ArtifactStore | None = None,
     gpu_count: Callable[[], float] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> DependencyReport:
@@ -180,10 +197,7 @@ def validate_dependencies(
     return DependencyReport(checks=checks)
 
 
-def _database_check(settings: "Settings", db: "Database | None") -> DependencyCheck:
-    from sqlalchemy.engine import make_url
-
-    from alloy.storage.db import Database
+def _database_check(settings: Settings, db: Database | None) -> DependencyCheck:
 
     if db is not None:
         return check_database(db)
@@ -195,28 +209,35 @@ def _database_check(settings: "Settings", db: "Database | None") -> DependencyCh
             target = make_url(target).render_as_string(hide_password=True)
         except Exception:  # noqa: BLE001
             target = masked(target)
-        return DependencyCheck(name="database", target=target, ok=False, duration_s=0.0,
-                               detail=f"{type(exc).__name__}: {exc}"[:500])
+        return DependencyCheck(
+            name="database", target=target, ok=False, duration_s=0.0, detail=f"{type(exc).__name__}: {exc}"[:500]
+        )
     try:
         return check_database(db)
     finally:
         db.close()
 
 
-def _store_check(settings: "Settings", store: "ArtifactStore | None", timeout_s: float) -> DependencyCheck:
+def _store_check(settings: Settings, store: ArtifactStore | None, timeout_s: float) -> DependencyCheck:
     """The store from the settings, with S3 timeouts and retries capped so an unreachable endpoint fails in
     seconds rather than after botocore's minutes of retries."""
-    from alloy.storage.artifacts import ArtifactStore
-
     if store is not None:
         return check_object_store(store)
     options = dict(settings.storage_options)
     if settings.artifacts_uri.startswith("s3://"):
-        options["config_kwargs"] = {"connect_timeout": timeout_s, "read_timeout": timeout_s,
-                                    "retries": {"max_attempts": 1}}
+        options["config_kwargs"] = {
+            "connect_timeout": timeout_s,
+            "read_timeout": timeout_s,
+            "retries": {"max_attempts": 1},
+        }
     try:
         store = ArtifactStore(settings.artifacts_uri, options)
     except Exception as exc:  # noqa: BLE001
-        return DependencyCheck(name="object store", target=masked(settings.artifacts_uri), ok=False,
-                               duration_s=0.0, detail=f"{type(exc).__name__}: {exc}"[:500])
+        return DependencyCheck(
+            name="object store",
+            target=masked(settings.artifacts_uri),
+            ok=False,
+            duration_s=0.0,
+            detail=f"{type(exc).__name__}: {exc}"[:500],
+        )
     return check_object_store(store)

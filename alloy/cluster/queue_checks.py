@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import nats
@@ -56,16 +57,27 @@ async def _nats_round_trip(url: str, timeout_s: float) -> str:
     try:
         # connect_timeout bounds one attempt only; wait_for bounds the whole connect (a silent port would hang).
         client = await asyncio.wait_for(
-            nats.connect(url, connect_timeout=timeout_s, allow_reconnect=False, max_reconnect_attempts=0,
-                         error_cb=record, name="alloy-dependency-check"), timeout_s)
+            nats.connect(
+                url,
+                connect_timeout=timeout_s,
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                error_cb=record,
+                name="alloy-dependency-check",
+            ),
+            timeout_s,
+        )
     except asyncio.TimeoutError:
-        reason = f"{type(errors[-1]).__name__}: {errors[-1]}" if errors else \
-            "timed out waiting for the server's answer (wrong port or protocol?)"
+        reason = (
+            f"{type(errors[-1]).__name__}: {errors[-1]}"
+            if errors
+            else "timed out waiting for the server's answer (wrong port or protocol?)"
+        )
         raise DependencyFailed(f"cannot connect to {_where(url, 4222)}: {reason}") from None
     except nats.errors.Error as exc:
         raise DependencyFailed(f"server refused the connection: {exc}") from None
     try:
-        await client.flush(timeout=timeout_s)
+        await client.flush(timeout=max(1, round(timeout_s)))  # nats-py takes whole seconds
         return f"NATS {client.connected_server_version} CONNECT/PING ok"
     finally:
         await client.close()
@@ -77,7 +89,8 @@ def check_redis(url: str, timeout_s: float) -> str:
     try:
         if client.ping() is not True:
             raise DependencyFailed("PING did not answer PONG")
-        version = client.info("server").get("redis_version", "?")
+        info = cast(dict[str, Any], client.info("server"))  # the sync client: a dict, not an awaitable
+        version = info.get("redis_version", "?")
     except redis.exceptions.AuthenticationError as exc:
         raise DependencyFailed(f"authentication refused: {exc}") from None
     except redis.exceptions.ConnectionError as exc:

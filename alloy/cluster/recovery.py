@@ -30,13 +30,14 @@ from typing import Any
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
-from alloy.storage.artifacts import DIR_MANIFEST, PENDING_MARKER, STAGING, ArtifactCatalog, ArtifactStore
 from alloy.cluster.state import ClusterStateStore
+from alloy.errors import AlloyError, ErrorCode
+from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.registry.models import ModelRegistry
+from alloy.storage.artifacts import DIR_MANIFEST, PENDING_MARKER, STAGING, ArtifactCatalog, ArtifactStore
 from alloy.storage.db import Database
 from alloy.storage.db.models import DatasetRow, ModelRow
 from alloy.storage.db.types import utcnow
-from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
 
 logger = logging.getLogger("alloy.cluster.recovery")
 
@@ -81,13 +82,20 @@ class ConsistencyReport(BaseModel):
 
     @property
     def consistent(self) -> bool:
-        return not (self.interrupted_jobs or self.orphan_artifacts or self.broken_records
-                    or self.staging_leftovers or self.partial_outputs)
+        return not (
+            self.interrupted_jobs
+            or self.orphan_artifacts
+            or self.broken_records
+            or self.staging_leftovers
+            or self.partial_outputs
+        )
 
     def summary(self) -> str:
-        return (f"{len(self.interrupted_jobs)} interrupted jobs, {len(self.orphan_artifacts)} orphan artifact "
-                f"folders, {len(self.broken_records)} broken records, {self.staging_leftovers} staging leftovers, "
-                f"{len(self.partial_outputs)} partial outputs")
+        return (
+            f"{len(self.interrupted_jobs)} interrupted jobs, {len(self.orphan_artifacts)} orphan artifact "
+            f"folders, {len(self.broken_records)} broken records, {self.staging_leftovers} staging leftovers, "
+            f"{len(self.partial_outputs)} partial outputs"
+        )
 
 
 class RepairReport(BaseModel):
@@ -100,10 +108,12 @@ class RepairReport(BaseModel):
     errors: list[str] = Field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"requeued {len(self.requeued)}, unregistered {len(self.unregistered_outputs)} half-finished "
-                f"outputs, deleted {len(self.orphans_deleted)} orphan folders and {self.staging_removed} staging "
-                f"leftovers and {len(self.partial_outputs_removed)} partial outputs, marked "
-                f"{len(self.broken_marked)} broken records" + (f", {len(self.errors)} errors" if self.errors else ""))
+        return (
+            f"requeued {len(self.requeued)}, unregistered {len(self.unregistered_outputs)} half-finished "
+            f"outputs, deleted {len(self.orphans_deleted)} orphan folders and {self.staging_removed} staging "
+            f"leftovers and {len(self.partial_outputs_removed)} partial outputs, marked "
+            f"{len(self.broken_marked)} broken records" + (f", {len(self.errors)} errors" if self.errors else "")
+        )
 
 
 class ReplayOutcome(BaseModel):
@@ -126,10 +136,15 @@ class ReplayReport(BaseModel):
 
 
 class Recovery:
-    def __init__(self, db: Database, store: ArtifactStore, *, models=None, state: ClusterStateStore | None = None,
-                 scratch_dirs: Iterable[str | Path] = ()):
-        from alloy.registry.models import ModelRegistry
-
+    def __init__(
+        self,
+        db: Database,
+        store: ArtifactStore,
+        *,
+        models=None,
+        state: ClusterStateStore | None = None,
+        scratch_dirs: Iterable[str | Path] = (),
+    ):
         self.db, self.store = db, store
         self.jobs = JobStore(db)
         self.models = models or ModelRegistry(db, store)
@@ -157,10 +172,17 @@ class Recovery:
         found = []
         for job in self.jobs.active():
             output = job.request.get("output_model_id") if job.kind is JobKind.MERGE else None
-            found.append(InterruptedJob(
-                id=job.id, kind=job.kind, state=job.state, attempts=job.attempts, updated_at=job.updated_at,
-                output_model_id=output, output_registered_by_job=bool(output) and self._registered_by(output, job.id),
-            ))
+            found.append(
+                InterruptedJob(
+                    id=job.id,
+                    kind=job.kind,
+                    state=job.state,
+                    attempts=job.attempts,
+                    updated_at=job.updated_at,
+                    output_model_id=output,
+                    output_registered_by_job=bool(output) and self._registered_by(output, job.id),
+                )
+            )
         return found
 
     def _registered_by(self, model_id: str, job_id: str) -> bool:
@@ -178,8 +200,11 @@ class Recovery:
         if not self.store.fs.exists(base):
             return {}
         root = self.store.fs._strip_protocol(self.store.root)
-        return {self.store.fs._strip_protocol(path)[len(root) + 1:]: int(entry.get("size") or 0)
-                for path, entry in self.store.fs.find(base, detail=True).items() if entry["type"] == "file"}
+        return {
+            self.store.fs._strip_protocol(path)[len(root) + 1 :]: int(entry.get("size") or 0)
+            for path, entry in self.store.fs.find(base, detail=True).items()
+            if entry["type"] == "file"
+        }
 
     def _recorded_prefixes(self, table) -> set[str]:
         with self.db.session() as session:
@@ -192,8 +217,14 @@ class Recovery:
         for record_id, prefix, source_path in rows:
             if source_path:  # registered in place: the folder itself must still be there
                 if not Path(source_path).is_dir():
-                    broken.append(BrokenRecord(registry=registry, id=record_id, location=source_path,
-                                               reason="the registered folder is missing"))
+                    broken.append(
+                        BrokenRecord(
+                            registry=registry,
+                            id=record_id,
+                            location=source_path,
+                            reason="the registered folder is missing",
+                        )
+                    )
                 continue
             reason = self._folder_problem(prefix) if prefix else "no artifact location recorded"
             if reason:
@@ -234,11 +265,14 @@ class Recovery:
             repaired.partial_outputs_removed.append(partial)
         repaired.broken_marked = [f"{b.registry}/{b.id}" for b in report.broken_records]
         if self.state is not None:
-            self.state.update_snapshot(recovery={
-                "checked_at": report.checked_at.isoformat(), "summary": report.summary(),
-                "repair": repaired.summary(),
-                "broken_records": [b.model_dump() for b in report.broken_records],
-            })
+            self.state.update_snapshot(
+                recovery={
+                    "checked_at": report.checked_at.isoformat(),
+                    "summary": report.summary(),
+                    "repair": repaired.summary(),
+                    "broken_records": [b.model_dump() for b in report.broken_records],
+                }
+            )
         logger.info("repair: %s", repaired.summary())
         return repaired
 
@@ -270,8 +304,9 @@ class Recovery:
             except Exception as exc:  # noqa: BLE001 - recorded on the job: it ends FAILED with the reason
                 self._fail_replay(job, f"replay dispatch failed: {type(exc).__name__}: {exc}", report)
                 continue
-            report.outcomes.append(ReplayOutcome(job_id=job.id, kind=job.kind, dispatched=True,
-                                                 detail=f"attempt {job.attempts + 1}"))
+            report.outcomes.append(
+                ReplayOutcome(job_id=job.id, kind=job.kind, dispatched=True, detail=f"attempt {job.attempts + 1}")
+            )
         logger.info("replay: %d dispatched, %d failed", len(report.dispatched), len(report.failed))
         return report
 
@@ -291,8 +326,9 @@ def _orphans(registry: str, files: dict[str, int], owned: set[str]) -> list[Orph
         if any(key == p or key.startswith(p + "/") for p in owned):
             continue
         folder = _folder_of(key, files)
-        entry = folders.setdefault(folder, OrphanArtifact(prefix=folder, registry=registry, files=0,
-                                                          half_published=False))
+        entry = folders.setdefault(
+            folder, OrphanArtifact(prefix=folder, registry=registry, files=0, half_published=False)
+        )
         if posixpath.basename(key) == PENDING_MARKER:
             entry.half_published = True
         elif posixpath.basename(key) != DIR_MANIFEST:
@@ -306,4 +342,4 @@ def _folder_of(key: str, files: dict[str, int]) -> str:
         candidate = "/".join(parts[:end])
         if f"{candidate}/{DIR_MANIFEST}" in files or f"{candidate}/{PENDING_MARKER}" in files:
             return candidate
-    return posixpath.dirname(key) if "/" in key[len(parts[0]) + 1:] else key
+    return posixpath.dirname(key) if "/" in key[len(parts[0]) + 1 :] else key

@@ -25,10 +25,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from alloy.cluster.state import ClusterState, ClusterStateStore, LifecycleRun, StepLogEntry
-from alloy.storage.db.types import utcnow
-from alloy.jobs.store import JobKind, JobStore
 from alloy.cluster.startup import Step, run_timed
+from alloy.cluster.state import ClusterState, ClusterStateStore, LifecycleRun, StepLogEntry
+from alloy.jobs.store import JobKind, JobStore
+from alloy.storage.db.types import utcnow
 
 logger = logging.getLogger("alloy.lifecycle")
 
@@ -67,9 +67,16 @@ class ShutdownReport(BaseModel):
 class Shutdown:
     """Runs a graceful (``graceful()``) or forced (``forced()``) shutdown over the given actions."""
 
-    def __init__(self, state: ClusterStateStore, jobs: JobStore, actions: ShutdownActions, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, poll_s: float = POLL_S,
-                 force_requested: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        state: ClusterStateStore,
+        jobs: JobStore,
+        actions: ShutdownActions,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        poll_s: float = POLL_S,
+        force_requested: Callable[[], bool] | None = None,
+    ):
         """``force_requested``: asked while the graceful wait polls; True ends the wait at once and escalates
         (an operator's ``alloy stop --force`` or a second Ctrl-C during a graceful stop)."""
         self.state, self.jobs, self.actions = state, jobs, actions
@@ -85,8 +92,9 @@ class Shutdown:
         def reject(_ctx: Any) -> str:
             current = self.state.state()
             if current in (ClusterState.STARTING, ClusterState.READY):
-                self.state.transition(ClusterState.STOPPING if current is ClusterState.STARTING
-                                      else ClusterState.DRAINING)
+                self.state.transition(
+                    ClusterState.STOPPING if current is ClusterState.STARTING else ClusterState.DRAINING
+                )
             return f"{current.value} -> {self.state.state().value}: new submissions get 503"
 
         def wait(_ctx: Any) -> str:
@@ -98,8 +106,9 @@ class Shutdown:
                 return f"timeout after {self.timeout_s:g}s: {len(outcome['unfinished'])} still active"
             return f"{len(outcome['waited_for'])} active merges/evaluations finished"
 
-        for number, step in enumerate([Step("reject submissions", reject),
-                                       Step("wait for active merges and evaluations", wait)], start=1):
+        for number, step in enumerate(
+            [Step("reject submissions", reject), Step("wait for active merges and evaluations", wait)], start=1
+        ):
             entry, error = run_timed(step, None, label=f"graceful stop step {number}/6")
             log.append(entry)
             if error is not None or (step.name.startswith("wait") and outcome["unfinished"]):
@@ -128,8 +137,9 @@ class Shutdown:
             if error is not None:  # keep going: a stop that stops half-way leaves more behind than one that logs
                 ok = False
                 errors.append(f"{step.name}: {entry.detail}")
-        run = self._mark_stopped(log, started, mode="graceful", ok=ok, error="; ".join(errors) or None,
-                                 label="graceful stop step 6/6")
+        run = self._mark_stopped(
+            log, started, mode="graceful", ok=ok, error="; ".join(errors) or None, label="graceful stop step 6/6"
+        )
         return ShutdownReport(run=run, waited_for=outcome["waited_for"])
 
     # -- forced ---------------------------------------------------------------------------------------------
@@ -146,8 +156,9 @@ class Shutdown:
         ]
         for number, step in enumerate(steps, start=1):
             log.append(run_timed(step, None, label=f"forced stop step {number}/{len(steps) + 1}")[0])
-        run = self._mark_stopped(log, started, mode=mode, ok=False, error=why,
-                                 label=f"forced stop step {len(steps) + 1}/{len(steps) + 1}")
+        run = self._mark_stopped(
+            log, started, mode=mode, ok=False, error=why, label=f"forced stop step {len(steps) + 1}/{len(steps) + 1}"
+        )
         return ShutdownReport(run=run, unfinished=self._active_ids())
 
     # -- helpers --------------------------------------------------------------------------------------------
@@ -167,8 +178,9 @@ class Shutdown:
         if current in (ClusterState.READY, ClusterState.DRAINING, ClusterState.STARTING):
             self.state.transition(ClusterState.STOPPING)
 
-    def _mark_stopped(self, log: list[StepLogEntry], started: float, *, mode: str, ok: bool, error: str | None,
-                      label: str) -> LifecycleRun:
+    def _mark_stopped(
+        self, log: list[StepLogEntry], started: float, *, mode: str, ok: bool, error: str | None, label: str
+    ) -> LifecycleRun:
         def mark(_ctx: Any) -> str:
             if self.state.state() is not ClusterState.STOPPED:
                 self.state.transition(ClusterState.STOPPED)
@@ -176,12 +188,17 @@ class Shutdown:
 
         entry, failure = run_timed(Step("mark STOPPED", mark), None, label=label)
         log.append(entry)
-        run = LifecycleRun(mode=mode, ok=ok and failure is None, steps=log,
-                           total_s=round(time.perf_counter() - started, 4),
-                           error=error or (entry.detail if failure else None), finished_at=utcnow())
+        run = LifecycleRun(
+            mode=mode,
+            ok=ok and failure is None,
+            steps=log,
+            total_s=round(time.perf_counter() - started, 4),
+            error=error or (entry.detail if failure else None),
+            finished_at=utcnow(),
+        )
         try:
             self.state.record_run("stop", run)
-        except Exception:  # noqa: BLE001 - the database may be gone in a forced stop; the log has the steps
+        except Exception:
             logger.warning("could not persist the stop record", exc_info=True)
         logger.info("%s stop: STOPPED in %.3fs (ok=%s)", mode, run.total_s, run.ok)
         return run

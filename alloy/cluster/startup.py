@@ -19,9 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from alloy.cluster.dependencies import validate_dependencies
 from alloy.cluster.state import ClusterState, ClusterStateStore, ClusterStatus, LifecycleRun, StepLogEntry
-from alloy.storage.db.types import utcnow
+from alloy.config import ConfigHolder, config_path
 from alloy.errors import AlloyError, ErrorCode
+from alloy.registry.datasets import DatasetRegistry
+from alloy.registry.models import ModelRegistry
+from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.db import Database
+from alloy.storage.db.types import utcnow
 
 logger = logging.getLogger("alloy.lifecycle")
 
@@ -69,12 +75,12 @@ def run_timed(step: Step, ctx: Any, *, label: str) -> tuple[StepLogEntry, Except
     except Exception as exc:  # noqa: BLE001 - returned to the sequence, which decides
         duration = time.perf_counter() - started
         logger.error("%s: %s FAILED after %.3fs: %s", label, step.name, duration, _describe(exc))
-        return StepLogEntry(name=step.name, status="failed", duration_s=round(duration, 4),
-                            detail=_describe(exc)), exc
+        return StepLogEntry(name=step.name, status="failed", duration_s=round(duration, 4), detail=_describe(exc)), exc
     duration = time.perf_counter() - started
     logger.info("%s: %s ok in %.3fs%s", label, step.name, duration, f" ({detail})" if detail else "")
-    return StepLogEntry(name=step.name, status="ok", duration_s=round(duration, 4),
-                        detail=str(detail)[:500] if detail else None), None
+    return StepLogEntry(
+        name=step.name, status="ok", duration_s=round(duration, 4), detail=str(detail)[:500] if detail else None
+    ), None
 
 
 def _describe(exc: BaseException) -> str:
@@ -86,8 +92,14 @@ def _describe(exc: BaseException) -> str:
 class StartSequence:
     """An ordered list of steps ending in READY; ``run()`` returns the persisted :class:`LifecycleRun`."""
 
-    def __init__(self, mode: str, steps: list[Step], state: ClusterStateStore | None = None,
-                 *, after_ready: list[Step] | None = None):
+    def __init__(
+        self,
+        mode: str,
+        steps: list[Step],
+        state: ClusterStateStore | None = None,
+        *,
+        after_ready: list[Step] | None = None,
+    ):
         self.mode = mode
         self.steps = list(steps)
         self.after_ready = list(after_ready or [])
@@ -121,15 +133,17 @@ class StartSequence:
             # Work after READY (replay of interrupted jobs) never takes the cluster down: a failure is logged
             # and kept in the step log.
             log.append(run_timed(step, ctx, label=f"{self.mode} start (after READY)")[0])
-        run = LifecycleRun(mode=self.mode, ok=True, steps=log, total_s=round(time.perf_counter() - started, 4),
-                           finished_at=utcnow())
+        run = LifecycleRun(
+            mode=self.mode, ok=True, steps=log, total_s=round(time.perf_counter() - started, 4), finished_at=utcnow()
+        )
         if state is not None:
             state.record_run("start", run)
         logger.info("%s start: READY in %.3fs", self.mode, run.total_s)
         return run
 
-    def _mark_ready(self, state: ClusterStateStore | None, ctx: StartContext,
-                    total: int) -> tuple[StepLogEntry, Exception | None]:
+    def _mark_ready(
+        self, state: ClusterStateStore | None, ctx: StartContext, total: int
+    ) -> tuple[StepLogEntry, Exception | None]:
         def mark(_ctx: StartContext) -> str:
             if state is None:
                 return "no state store: nothing persisted"
@@ -140,16 +154,23 @@ class StartSequence:
 
         return run_timed(Step("mark READY", mark), ctx, label=f"{self.mode} start step {total}/{total}")
 
-    def _abort(self, state: ClusterStateStore | None, step: Step, exc: BaseException, log: list[StepLogEntry],
-               started: float) -> AlloyError:
+    def _abort(
+        self, state: ClusterStateStore | None, step: Step, exc: BaseException, log: list[StepLogEntry], started: float
+    ) -> AlloyError:
         message = f"{self.mode} start failed at step {step.name!r}: {_describe(exc)}"
-        run = LifecycleRun(mode=self.mode, ok=False, steps=log, total_s=round(time.perf_counter() - started, 4),
-                           error=message, finished_at=utcnow())
+        run = LifecycleRun(
+            mode=self.mode,
+            ok=False,
+            steps=log,
+            total_s=round(time.perf_counter() - started, 4),
+            error=message,
+            finished_at=utcnow(),
+        )
         if state is not None:
             try:
                 state.record_run("start", run)
                 state.transition(ClusterState.STOPPED)
-            except Exception:  # noqa: BLE001 - the database may be what failed; the raised error says so
+            except Exception:
                 logger.warning("could not persist the failed start", exc_info=True)
         code = exc.code if isinstance(exc, AlloyError) else ErrorCode.SERVICE_UNAVAILABLE
         details = {"step": step.name, "mode": self.mode, "steps": [e.model_dump() for e in log]}
@@ -160,10 +181,14 @@ class StartSequence:
 
 # --- the two sequences of the specification ------------------------------------------------------------------
 
-COLD_STEPS = ("load configuration", "validate dependencies", "connect registries",
-              "initialise worker pools", "health-check endpoints")
-WARM_STEPS = ("load configuration", "validate dependencies", "restore worker pools",
-              "abbreviated health checks")
+COLD_STEPS = (
+    "load configuration",
+    "validate dependencies",
+    "connect registries",
+    "initialise worker pools",
+    "health-check endpoints",
+)
+WARM_STEPS = ("load configuration", "validate dependencies", "restore worker pools", "abbreviated health checks")
 
 
 def cold_start(
@@ -210,6 +235,7 @@ def warm_start(
 
     ``connect_registries`` is not a step of its own here (the specification's warm start has none) but the
     pools need the database: it runs inside "load configuration" when given."""
+
     def load(ctx: StartContext) -> str | None:
         detail = load_configuration(ctx)
         if connect_registries is not None:
@@ -232,10 +258,9 @@ def warm_start(
 
 # --- the plain-Python step bodies (the Serve layer adds pools and endpoint health checks) -------------------
 
+
 def load_configuration(ctx: StartContext) -> str:
     """Step 1: read the canonical source (YAML file and environment, plus Vault when ``vault.enabled``)."""
-    from alloy.config import ConfigHolder, config_path
-
     holder = ctx.get("config") or ConfigHolder()
     ctx["config"], ctx["settings"] = holder, holder.settings
     source = "vault + file" if holder.settings.vault.enabled else f"file {config_path()}"
@@ -244,9 +269,8 @@ def load_configuration(ctx: StartContext) -> str:
 
 def dependency_validation(gpu_count: Callable[[], float] | None = None, timeout_s: float = 5.0) -> StepBody:
     """Step 2 (cold): every configured dependency, one error naming all that failed."""
-    def validate(ctx: StartContext) -> str:
-        from alloy.cluster.dependencies import validate_dependencies
 
+    def validate(ctx: StartContext) -> str:
         report = validate_dependencies(ctx["settings"], gpu_count=gpu_count, timeout_s=timeout_s)
         ctx["dependencies"] = report
         return report.raise_for_failures().summary()
@@ -257,11 +281,6 @@ def dependency_validation(gpu_count: Callable[[], float] | None = None, timeout_
 def connect_registries(ctx: StartContext) -> str:
     """Step 3: database (schema version verified before anything is written), artifact store, ModelRegistry,
     DatasetRegistry and the cluster-state store (from here on, the start is persisted)."""
-    from alloy.storage.artifacts import ArtifactStore
-    from alloy.storage.db import Database
-    from alloy.registry.datasets import DatasetRegistry
-    from alloy.registry.models import ModelRegistry
-
     settings = ctx["settings"]
     db = ctx.get("db") or Database.from_settings(settings)
     ctx["db"] = db

@@ -30,10 +30,10 @@ from pydantic import BaseModel, Field
 from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 
+from alloy.errors import AlloyError, ErrorCode
 from alloy.storage.db import Database
 from alloy.storage.db.models import ClusterStateRow
 from alloy.storage.db.types import utcnow
-from alloy.errors import AlloyError, ErrorCode
 
 ROW_ID = 1
 CAS_RETRIES = 5
@@ -107,11 +107,16 @@ def not_ready_error(state: ClusterState | str, *, submission: bool = False) -> A
     if state is ClusterState.STARTING:
         message = "the cluster is starting and not READY yet; retry shortly"
     elif state in (ClusterState.DRAINING, ClusterState.STOPPING):
-        message = f"the cluster is shutting down ({state.value}); new {'jobs are' if submission else 'requests are'} refused"
+        message = (
+            f"the cluster is shutting down ({state.value}); new {'jobs are' if submission else 'requests are'} refused"
+        )
     else:
         message = f"the cluster is {state.value}; it serves requests only when READY"
-    return AlloyError(ErrorCode.SERVICE_UNAVAILABLE, message,
-                      {"cluster_state": state.value, "retryable": state is ClusterState.STARTING})
+    return AlloyError(
+        ErrorCode.SERVICE_UNAVAILABLE,
+        message,
+        {"cluster_state": state.value, "retryable": state is ClusterState.STARTING},
+    )
 
 
 def state_metric_values(state: ClusterState | str) -> dict[str, int]:
@@ -227,8 +232,11 @@ class ClusterStateStore:
                 return
         try:
             with self.db.session() as session:
-                session.add(ClusterStateRow(id=ROW_ID, state=ClusterState.STOPPED.value, config_version=1,
-                                            snapshot={}, updated_at=utcnow()))
+                session.add(
+                    ClusterStateRow(
+                        id=ROW_ID, state=ClusterState.STOPPED.value, config_version=1, snapshot={}, updated_at=utcnow()
+                    )
+                )
         except IntegrityError:
             pass  # another process created it first
 
@@ -263,13 +271,20 @@ def _status(state: str, config_version: int, snapshot: dict[str, Any], updated_a
         return LifecycleRun.model_validate(raw) if raw else None
 
     return ClusterStatus(
-        state=ClusterState(state), config_version=config_version,
+        state=ClusterState(state),
+        config_version=config_version,
         pools={str(k): int(v) for k, v in (snapshot.get("pools") or {}).items()},
-        last_start=run("last_start"), last_stop=run("last_stop"), recovery=snapshot.get("recovery"),
-        updated_at=updated_at, snapshot=snapshot,
+        last_start=run("last_start"),
+        last_stop=run("last_stop"),
+        recovery=snapshot.get("recovery"),
+        updated_at=updated_at,
+        snapshot=snapshot,
     )
 
 
 def _conflict(current: ClusterState, target: ClusterState, why: str) -> AlloyError:
-    return AlloyError(ErrorCode.CONFLICT, f"cluster state: {why} {current.value} -> {target.value}",
-                      {"cluster_state": current.value, "requested": target.value})
+    return AlloyError(
+        ErrorCode.CONFLICT,
+        f"cluster state: {why} {current.value} -> {target.value}",
+        {"cluster_state": current.value, "requested": target.value},
+    )

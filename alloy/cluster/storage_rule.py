@@ -22,4 +22,3 @@ def check_storage_for_cluster(settings: Settings, alive_nodes: int) -> None:
             f"this Ray cluster has {alive_nodes} nodes, which needs shared storage: " + "; ".join(problems),
             {"alive_nodes": alive_nodes, "problems": problems},
         )
-

@@ -25,18 +25,18 @@ from ray.serve.schema import ServeDeploySchema
 from alloy.cluster.shutdown import Shutdown, ShutdownActions, ShutdownReport
 from alloy.cluster.startup import StartContext
 from alloy.cluster.state import ClusterStateStore, LifecycleRun
+from alloy.components import RAY_NAMESPACE
 from alloy.config import ConfigHolder, Settings, load_settings
 from alloy.control import serve_ops
 from alloy.control.ray_head import RayHead, start_ray_head, stop_ray_head
 from alloy.control.sequences import serve_start_sequence
 from alloy.control.serve_deploy import load_serve_config
-from alloy.components import RAY_NAMESPACE
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.store import JobStore
-from alloy.storage.artifacts import ArtifactStore
-from alloy.storage.db import Database
 from alloy.registry.datasets import DatasetRegistry
 from alloy.registry.models import ModelRegistry
+from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.db import Database
 from alloy.storage.keys import ApiKeyStore
 from alloy.zoo.presets import build_preset, quiet_build_output, register_preset
 
@@ -143,8 +143,15 @@ def build_and_register_demo_zoo(settings: Settings) -> dict[str, list[str]]:
         db.close()
 
 
-def start_local(*, config_path: str | Path | None = None, demo: bool = True, serve_config: str | Path | None = None,
-                warm: bool = False, skip_dependency_checks: bool = False, echo=print) -> LocalRun:
+def start_local(
+    *,
+    config_path: str | Path | None = None,
+    demo: bool = True,
+    serve_config: str | Path | None = None,
+    warm: bool = False,
+    skip_dependency_checks: bool = False,
+    echo=print,
+) -> LocalRun:
     """Start a local Ray head and run the cold (or warm) start sequence on it; returns once READY.
 
     A failed step raises :class:`alloy.cluster.startup.StepFailed` naming it; the head is stopped again and the
@@ -154,8 +161,11 @@ def start_local(*, config_path: str | Path | None = None, demo: bool = True, ser
     data_dir.mkdir(parents=True, exist_ok=True)
     running = read_local_state(data_dir)
     if running is not None and pid_alive(running.get("pid")):
-        raise AlloyError(ErrorCode.CONFLICT, f"`alloy start` already runs for {data_dir} (pid {running['pid']}): "
-                                             "`alloy stop` it first", {"pid": running["pid"]})
+        raise AlloyError(
+            ErrorCode.CONFLICT,
+            f"`alloy start` already runs for {data_dir} (pid {running['pid']}): `alloy stop` it first",
+            {"pid": running["pid"]},
+        )
     (data_dir / STOP_REQUEST_FILE).unlink(missing_ok=True)
 
     context = StartContext(mode="warm" if warm else "cold")
@@ -176,16 +186,25 @@ def start_local(*, config_path: str | Path | None = None, demo: bool = True, ser
     def build_config() -> ServeDeploySchema:
         # The config version is a builder arg so that a reload (SIGHUP) changes the application's code version:
         # Serve then replaces every replica (a rolling restart), and each re-reads the configuration.
-        return load_serve_config(serve_config or SERVE_CONFIG, http_port=head.http_port, app_args={
-            "config_path": config_file, "settings": {"data_dir": str(data_dir)},
-            "config_version": context["config"].version})
+        return load_serve_config(
+            serve_config or SERVE_CONFIG,
+            http_port=head.http_port,
+            app_args={
+                "config_path": config_file,
+                "settings": {"data_dir": str(data_dir)},
+                "config_version": context["config"].version,
+            },
+        )
 
     try:
         head.apply_env()
         ray.init(address=head.address, namespace=RAY_NAMESPACE, log_to_driver=False)
         sequence = serve_start_sequence(
-            context.mode, build_config=build_config, base_url=lambda: url,
-            skip_dependency_checks=skip_dependency_checks or settings.lifecycle.warm_skip_dependency_checks)
+            context.mode,
+            build_config=build_config,
+            base_url=lambda: url,
+            skip_dependency_checks=skip_dependency_checks or settings.lifecycle.warm_skip_dependency_checks,
+        )
         start = sequence.run(context)
         _write_local_state(data_dir, head, url)
         admin_key = _demo_admin_key(context["db"], settings, data_dir)
@@ -193,31 +212,47 @@ def start_local(*, config_path: str | Path | None = None, demo: bool = True, ser
         if demo:
             echo("building and registering the demo zoo (offline, tiny models) ...")
             registered = build_and_register_demo_zoo(settings)
-        return LocalRun(url=url, admin_key=admin_key, head=head, data_dir=data_dir, registered=registered,
-                        start=start, context=context, build_config=build_config)
+        return LocalRun(
+            url=url,
+            admin_key=admin_key,
+            head=head,
+            data_dir=data_dir,
+            registered=registered,
+            start=start,
+            context=context,
+            build_config=build_config,
+        )
     except BaseException:
         terminate_local(head, data_dir=data_dir)
         raise
 
 
 def _write_local_state(data_dir: Path, head: RayHead, url: str) -> None:
-    state = {"pid": os.getpid(), "ray_pid": head.process.pid if head.process else None, "url": url,
-             "address": head.address, "temp_dir": str(head.temp_dir), "data_dir": str(data_dir), "env": head.env}
+    state = {
+        "pid": os.getpid(),
+        "ray_pid": head.process.pid if head.process else None,
+        "url": url,
+        "address": head.address,
+        "temp_dir": str(head.temp_dir),
+        "data_dir": str(data_dir),
+        "env": head.env,
+    }
     state_file = data_dir / STATE_FILE
     state_file.parent.mkdir(parents=True, exist_ok=True)
     state_file.write_text(json.dumps(state))
     state_file.chmod(0o600)
 
 
-def stop_local(run: LocalRun, request: StopRequest, *,
-               force_requested: Callable[[], bool] | None = None) -> ShutdownReport:
+def stop_local(
+    run: LocalRun, request: StopRequest, *, force_requested: Callable[[], bool] | None = None
+) -> ShutdownReport:
     """Run the graceful (or forced) shutdown of :mod:`alloy.cluster.shutdown` on this process's cluster; returns the
     :class:`alloy.cluster.shutdown.ShutdownReport` (its run is persisted as the cluster's last stop)."""
     db, state = run.context["db"], run.cluster_state
     jobs = JobStore(db)
     try:  # what the next `alloy start --warm` restores: the pools as they are when the stop begins
         state.save_pool_snapshot(serve_ops.current_pools())
-    except Exception:  # noqa: BLE001 - a dead Ray head must not keep the stop from running
+    except Exception:
         logger.warning("pool snapshot not saved", exc_info=True)
 
     def close_registries() -> str:
@@ -230,8 +265,9 @@ def stop_local(run: LocalRun, request: StopRequest, *,
         close_registries=close_registries,
         terminate_pools=lambda: terminate_local(run.head, data_dir=run.data_dir),
     )
-    timeout_s = request.timeout_s if request.timeout_s is not None else \
-        run.context["settings"].lifecycle.shutdown_timeout_s
+    timeout_s = (
+        request.timeout_s if request.timeout_s is not None else run.context["settings"].lifecycle.shutdown_timeout_s
+    )
     shutdown = Shutdown(state, jobs, actions, timeout_s=timeout_s, force_requested=force_requested)
     return shutdown.forced("alloy stop --force") if request.force else shutdown.graceful()
 
@@ -261,8 +297,9 @@ def reload_local(run: LocalRun) -> LifecycleRun:
     holder.reload()  # raises on an invalid configuration: nothing below runs
     run.cluster_state.save_pool_snapshot(serve_ops.current_pools())
     context = StartContext(mode="warm", values={k: run.context[k] for k in ("db", "cluster_state", "config")})
-    sequence = serve_start_sequence("warm", build_config=run.build_config, base_url=lambda: run.url,
-                                                skip_dependency_checks=True, recover=False)
+    sequence = serve_start_sequence(
+        "warm", build_config=run.build_config, base_url=lambda: run.url, skip_dependency_checks=True, recover=False
+    )
     result = sequence.run(context)
     run.context["settings"] = context["settings"]
     return result

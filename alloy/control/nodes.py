@@ -25,18 +25,19 @@ def drain_ray_node(node_id: str | None, reason: str, deadline_s: int | None) -> 
         if len(workers) != 1:
             raise AlloyError(
                 ErrorCode.CONFLICT if not workers else ErrorCode.VALIDATION_FAILED,
-                "no worker node to drain (the head node cannot be drained)" if not workers
+                "no worker node to drain (the head node cannot be drained)"
+                if not workers
                 else f"{len(workers)} worker nodes: name one with node_id",
                 {"workers": [n["NodeID"] for n in workers]},
             )
         node_id = workers[0]["NodeID"]
     elif node_id not in {n["NodeID"] for n in nodes}:
-        raise AlloyError(ErrorCode.NOT_FOUND, f"node {node_id!r} is not an alive node of this cluster",
-                         {"node_id": node_id})
+        raise AlloyError(
+            ErrorCode.NOT_FOUND, f"node {node_id!r} is not an alive node of this cluster", {"node_id": node_id}
+        )
     deadline_ms = int(time.time() * 1000) + deadline_s * 1000 if deadline_s else 0
     accepted, message = ray_private.drain_node(ray.get_runtime_context().gcs_address, node_id, reason, deadline_ms)
     return node_id, accepted, message
-
 
 
 def cluster_gpu_count() -> float:

@@ -44,8 +44,7 @@ def pick_port_block(count: int, *, span_after: int = 0, rng: random.Random | Non
         # Checking every worker port would be slow and racy; the named ports must be free, worker ports are
         # sampled.
         if all(is_port_free(p) for p in block[:count]) and all(
-            is_port_free(p) for p in block[count:: max(1, span_after // 8)]
+            is_port_free(p) for p in block[count :: max(1, span_after // 8)]
         ):
             return list(block)
     raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"no free block of {needed} ports in {PORT_RANGE}")
-

@@ -42,7 +42,6 @@ RAY_PORT_FLAGS = (
 )
 
 
-
 @dataclass
 class RayHead:
     """A running local Ray head started by us."""
@@ -93,14 +92,24 @@ def start_ray_head(
 
     env = auth_env()
     command = [
-        str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
-        "--node-ip-address", "127.0.0.1",
-        "--temp-dir", str(temp_dir),
-        "--num-cpus", str(num_cpus),
-        "--include-dashboard", "true" if include_dashboard else "false",
-        "--dashboard-host", "127.0.0.1",
-        "--min-worker-port", str(worker_min),
-        "--max-worker-port", str(worker_max),
+        str(Path(sys.executable).with_name("ray")),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--temp-dir",
+        str(temp_dir),
+        "--num-cpus",
+        str(num_cpus),
+        "--include-dashboard",
+        "true" if include_dashboard else "false",
+        "--dashboard-host",
+        "127.0.0.1",
+        "--min-worker-port",
+        str(worker_min),
+        "--max-worker-port",
+        str(worker_max),
         "--disable-usage-stats",
     ]
     if num_gpus is not None:
@@ -110,11 +119,13 @@ def start_ray_head(
 
     child_env = {**os.environ, **env, "RAY_USAGE_STATS_ENABLED": "0"}
     output = open(log_file or temp_dir / "ray-head.log", "ab")
-    process = subprocess.Popen(
-        command, env=child_env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    process = subprocess.Popen(command, env=child_env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     head = RayHead(
-        address=f"127.0.0.1:{ports['port']}", ports=ports, http_port=http_port, temp_dir=temp_dir, env=env,
+        address=f"127.0.0.1:{ports['port']}",
+        ports=ports,
+        http_port=http_port,
+        temp_dir=temp_dir,
+        env=env,
         process=process,
     )
     try:
@@ -129,7 +140,7 @@ def _wait_for_gcs(head: RayHead, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if head.process is not None and head.process.poll() is not None:
-            log = (head.temp_dir / "ray-head.log")
+            log = head.temp_dir / "ray-head.log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"ray start exited early:\n{tail}")
         # The raylet registers after the GCS; its port answering means the node is usable.
@@ -174,4 +185,3 @@ def stop_ray_head(head: RayHead, *, timeout_s: float = 30.0) -> None:
     if head.process.poll() is None:
         head.process.kill()
         head.process.wait(timeout=10)
-

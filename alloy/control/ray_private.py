@@ -17,7 +17,7 @@ def refresh_auth_token_cache() -> None:
     already-imported ray keeps connecting without the token. No-op while ``ray._raylet`` is not loaded."""
     if "ray._raylet" not in sys.modules:
         return
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # compiled, no stubs
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
@@ -34,12 +34,15 @@ def start_serve_client(http_options: dict[str, Any]) -> Any:
 def drain_node(gcs_address: str, node_id: str, reason: str, deadline_ms: int) -> tuple[bool, str]:
     """Ask the GCS to drain ``node_id`` with reason PREEMPTION (as ``ray drain-node`` does); returns
     (accepted, rejection message)."""
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stubs
     from ray.core.generated import autoscaler_pb2
 
     gcs = GcsClient(address=gcs_address)
     accepted, message = gcs.drain_node(
-        node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"), reason, deadline_ms,
+        node_id,
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),  # type: ignore[attr-defined]
+        reason,
+        deadline_ms,
     )
     return bool(accepted), message or ""
 

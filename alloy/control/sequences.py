@@ -16,9 +16,16 @@ from alloy.control.serve_deploy import deploy_serve_config
 from alloy.control.serve_ops import apply_pool_snapshot, check_endpoints, current_pools, replay_dispatchers
 
 
-def serve_start_sequence(mode: str, *, build_config: Callable[[], ServeDeploySchema], base_url: Callable[[], str],
-                         skip_dependency_checks: bool = False, gpu_count: Callable[[], float] | None = None,
-                         deploy_timeout_s: float = 600.0, recover: bool = True) -> StartSequence:
+def serve_start_sequence(
+    mode: str,
+    *,
+    build_config: Callable[[], ServeDeploySchema],
+    base_url: Callable[[], str],
+    skip_dependency_checks: bool = False,
+    gpu_count: Callable[[], float] | None = None,
+    deploy_timeout_s: float = 600.0,
+    recover: bool = True,
+) -> StartSequence:
     """The cold (``mode="cold"``) or warm start of the specification with the Serve step bodies:
 
     - consistency check and repair (:class:`alloy.cluster.recovery.Recovery`) before any pool exists;
@@ -30,9 +37,15 @@ def serve_start_sequence(mode: str, *, build_config: Callable[[], ServeDeploySch
     ``recover=False`` leaves out the consistency check and the replay: a reload warm-starts a running cluster,
     whose active jobs are not interrupted. The caller provides a connected Ray driver and a
     :class:`StartContext` whose ``config`` is the ``ConfigHolder`` to start with."""
+
     def check_consistency(ctx: StartContext) -> str:
-        recovery = Recovery(ctx["db"], ctx["store"], models=ctx["models"], state=ctx["cluster_state"],
-                            scratch_dirs=[ctx["settings"].merge_work_dir])
+        recovery = Recovery(
+            ctx["db"],
+            ctx["store"],
+            models=ctx["models"],
+            state=ctx["cluster_state"],
+            scratch_dirs=[ctx["settings"].merge_work_dir],
+        )
         report = recovery.check()
         ctx["recovery"], ctx["consistency"] = recovery, report
         return f"{report.summary()}; repaired: {recovery.repair(report).summary()}"
@@ -61,17 +74,34 @@ def serve_start_sequence(mode: str, *, build_config: Callable[[], ServeDeploySch
     return _sequence(mode, validate, skip_dependency_checks, deploy_pools, health_check, check_consistency, replay)
 
 
-def _sequence(mode: str, validate: StepBody, skip_dependency_checks: bool, deploy_pools: StepBody,
-              health_check: StepBody, check_consistency: StepBody | None, replay: StepBody | None) -> StartSequence:
+def _sequence(
+    mode: str,
+    validate: StepBody,
+    skip_dependency_checks: bool,
+    deploy_pools: StepBody,
+    health_check: StepBody,
+    check_consistency: StepBody | None,
+    replay: StepBody | None,
+) -> StartSequence:
     if mode == "cold":
-        return startup.cold_start(load_configuration=startup.load_configuration, validate_dependencies=validate,
-                                  connect_registries=startup.connect_registries,
-                                  check_consistency=check_consistency, initialise_pools=deploy_pools,
-                                  health_check=health_check, replay=replay)
+        return startup.cold_start(
+            load_configuration=startup.load_configuration,
+            validate_dependencies=validate,
+            connect_registries=startup.connect_registries,
+            check_consistency=check_consistency,
+            initialise_pools=deploy_pools,
+            health_check=health_check,
+            replay=replay,
+        )
     if mode == "warm":
-        return startup.warm_start(load_configuration=startup.load_configuration,
-                                  connect_registries=startup.connect_registries,
-                                  skip_dependency_checks=skip_dependency_checks, validate_dependencies=validate,
-                                  check_consistency=check_consistency, restore_pools=deploy_pools,
-                                  health_check=health_check, replay=replay)
+        return startup.warm_start(
+            load_configuration=startup.load_configuration,
+            connect_registries=startup.connect_registries,
+            skip_dependency_checks=skip_dependency_checks,
+            validate_dependencies=validate,
+            check_consistency=check_consistency,
+            restore_pools=deploy_pools,
+            health_check=health_check,
+            replay=replay,
+        )
     raise ValueError(f"mode must be cold or warm, not {mode!r}")

@@ -16,7 +16,9 @@ from alloy.control import ray_private
 from alloy.errors import AlloyError, ErrorCode
 
 
-def load_serve_config(path: str | Path, *, app_args: dict[str, Any] | None = None, http_port: int | None = None) -> ServeDeploySchema:
+def load_serve_config(
+    path: str | Path, *, app_args: dict[str, Any] | None = None, http_port: int | None = None
+) -> ServeDeploySchema:
     """Read a Serve config file (``configs/serve.yaml``) into Ray's own schema, with the first application's
     builder args updated by ``app_args`` and the proxy port set to ``http_port``."""
     raw = yaml.safe_load(Path(path).read_text())
@@ -61,4 +63,3 @@ def wait_http_ready(url: str, *, timeout_s: float = 60.0) -> None:
             error = exc
         time.sleep(0.5)
     raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"{url} did not answer in {timeout_s:.0f}s: {error}")
-

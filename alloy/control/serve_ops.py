@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 from ray.serve.schema import ServeDeploySchema
 
 from alloy.components import APP_NAME, BACKENDS, ENGINE_OF_KIND, ENGINES, EXPERIMENT_TRACKER
@@ -32,19 +33,27 @@ POOL_DEPLOYMENTS = ENGINES
 
 # --- pools ---------------------------------------------------------------------------------------------------
 
+
 def current_pools(app_name: str = APP_NAME, names: Iterable[str] = POOL_DEPLOYMENTS) -> dict[str, int]:
     """RUNNING replicas per pool deployment of the application (absent deployments are left out)."""
     application = serve.status().applications.get(app_name)
     if application is None:
         return {}
     wanted = set(names)
-    return {name: int(sum(count for state, count in overview.replica_states.items()
-                          if getattr(state, "value", state) == "RUNNING"))
-            for name, overview in application.deployments.items() if name in wanted}
+    return {
+        name: int(
+            sum(
+                count for state, count in overview.replica_states.items() if getattr(state, "value", state) == "RUNNING"
+            )
+        )
+        for name, overview in application.deployments.items()
+        if name in wanted
+    }
 
 
-def apply_pool_snapshot(config: ServeDeploySchema, pools: dict[str, int],
-                        app_name: str = APP_NAME) -> ServeDeploySchema:
+def apply_pool_snapshot(
+    config: ServeDeploySchema, pools: dict[str, int], app_name: str = APP_NAME
+) -> ServeDeploySchema:
     """A copy of a ``ServeDeploySchema`` whose pool deployments start with the snapshot's replica counts."""
     if not pools:
         return config
@@ -58,7 +67,7 @@ def apply_pool_snapshot(config: ServeDeploySchema, pools: dict[str, int],
                 continue
             autoscaling = deployment.autoscaling_config  # a dict, an AutoscalingConfig, None or Serve's DEFAULT
             if isinstance(autoscaling, dict) or hasattr(autoscaling, "model_dump"):
-                scaling = dict(autoscaling) if isinstance(autoscaling, dict) else autoscaling.model_dump()
+                scaling = dict(autoscaling) if isinstance(autoscaling, dict) else autoscaling.model_dump()  # type: ignore[union-attr]
                 low = int(scaling.get("min_replicas") or 0)
                 high = int(scaling.get("max_replicas") or max(count, 1))
                 scaling["initial_replicas"] = min(max(count, low), high)
@@ -70,8 +79,10 @@ def apply_pool_snapshot(config: ServeDeploySchema, pools: dict[str, int],
 
 # --- endpoint health -----------------------------------------------------------------------------------------
 
-def check_endpoints(base_url: str, *, app_name: str = APP_NAME, names: Iterable[str] = BACKENDS,
-                    timeout_s: float = 30.0) -> str:
+
+def check_endpoints(
+    base_url: str, *, app_name: str = APP_NAME, names: Iterable[str] = BACKENDS, timeout_s: float = 30.0
+) -> str:
     """Ask every deployed component's ``health`` and the HTTP proxy; raise SERVICE_UNAVAILABLE naming each
     that did not answer."""
     application = serve.status().applications.get(app_name)
@@ -92,13 +103,16 @@ def check_endpoints(base_url: str, *, app_name: str = APP_NAME, names: Iterable[
     except AlloyError as exc:
         failures["HTTP proxy"] = exc.message
     if failures:
-        raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE,
-                         "health check failed: " + "; ".join(f"{k}: {v}" for k, v in failures.items()),
-                         {"failed": sorted(failures), "healthy": answered})
+        raise AlloyError(
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "health check failed: " + "; ".join(f"{k}: {v}" for k, v in failures.items()),
+            {"failed": sorted(failures), "healthy": answered},
+        )
     return f"{len(answered)} endpoints healthy"
 
 
 # --- replay and cancel ---------------------------------------------------------------------------------------
+
 
 def replay_dispatchers(app_name: str = APP_NAME) -> dict[JobKind, Callable[[JobRecord], Any]]:
     """One dispatcher per job kind whose engine is deployed: ``run_job`` is called and not awaited (the job is
@@ -110,9 +124,15 @@ def replay_dispatchers(app_name: str = APP_NAME) -> dict[JobKind, Callable[[JobR
     for kind in JobKind:
         engine = ENGINE_OF_KIND[kind.value]
         if engine in deployed:
-            handle = serve.get_deployment_handle(engine, app_name=app_name)
-            dispatchers[kind] = lambda job, handle=handle: handle.run_job.remote(job.id)
+            dispatchers[kind] = _dispatcher(serve.get_deployment_handle(engine, app_name=app_name))
     return dispatchers
+
+
+def _dispatcher(handle: DeploymentHandle) -> Callable[[JobRecord], Any]:
+    def dispatch(job: JobRecord) -> Any:
+        return handle.run_job.remote(job.id)
+
+    return dispatch
 
 
 def kill_engine_replicas(app_name: str = APP_NAME, engines: Iterable[str] = POOL_DEPLOYMENTS) -> list[str]:
@@ -132,8 +152,7 @@ def kill_engine_replicas(app_name: str = APP_NAME, engines: Iterable[str] = POOL
     return killed
 
 
-def cancel_active_tasks(jobs: JobStore, reason: str = "interrupted: forced shutdown",
-                        app_name: str = APP_NAME) -> str:
+def cancel_active_tasks(jobs: JobStore, reason: str = "interrupted: forced shutdown", app_name: str = APP_NAME) -> str:
     """Forced shutdown step 1: kill the engine replicas, *then* record every active job as interrupted. In this
     order no runner can finish (or fail) a job after it was requeued: its process is already gone."""
     killed = kill_engine_replicas(app_name)

@@ -7,8 +7,12 @@ Names are imported lazily so that ``import alloy.evaluation`` does not pull in t
 from __future__ import annotations
 
 import importlib
+import time
 from pathlib import Path
 from typing import Any
+
+from alloy.evaluation.service import EvaluationService, result_summary
+from alloy.storage.tracker import ExperimentTracker
 
 _EXPORTS = {
     "EvalResult": "alloy.evaluation.results",
@@ -30,20 +34,23 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def evaluate_model_dir(model_dir: str | Path, dataset_ids: list[str], split: str = "test", *, datasets, db=None,
-                       model_id: str | None = None, batch_size: int | None = None) -> dict[str, Any]:
+def evaluate_model_dir(
+    model_dir: str | Path,
+    dataset_ids: list[str],
+    split: str = "test",
+    *,
+    datasets,
+    db=None,
+    model_id: str | None = None,
+    batch_size: int | None = None,
+) -> dict[str, Any]:
     """Post-merge evaluation (a merge job's EVALUATING state): score a model folder on registered datasets.
 
     Results are logged to the ExperimentTracker when ``db`` is given. Returns the job-result summary
     ``{"experiment_id", "results": [EvalResult...], "metrics": {dataset_id: {metric: value}}, "duration_s"}``."""
-    import time
-
-    from alloy.evaluation.service import EvaluationService, result_summary
 
     tracker = None
     if db is not None:
-        from alloy.storage.tracker import ExperimentTracker
-
         tracker = ExperimentTracker(db)
     service = EvaluationService(None, datasets, tracker, None, getattr(datasets, "store", None), cache_capacity=0)
     started = time.perf_counter()

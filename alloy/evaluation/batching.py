@@ -31,18 +31,24 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Te
 def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Deterministic batches for evaluation: indices sorted by length, then chunked."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def length_grouped_batches(lengths: Sequence[int], batch_size: int, rng: random.Random, group: int = 8) -> list[list[int]]:
+def length_grouped_batches(
+    lengths: Sequence[int], batch_size: int, rng: random.Random, group: int = 8
+) -> list[list[int]]:
     """Random batches for training whose members have similar lengths."""
     order = list(range(len(lengths)))
     rng.shuffle(order)
     span = batch_size * group
     batches = []
     for start in range(0, len(order), span):
-        chunk = sorted(order[start: start + span], key=lambda i: lengths[i])
-        batches += [chunk[i: i + batch_size] for i in range(0, len(chunk), batch_size) if len(chunk[i: i + batch_size]) == batch_size]
+        chunk = sorted(order[start : start + span], key=lambda i: lengths[i])
+        batches += [
+            chunk[i : i + batch_size]
+            for i in range(0, len(chunk), batch_size)
+            if len(chunk[i : i + batch_size]) == batch_size
+        ]
     rng.shuffle(batches)
     return batches
 

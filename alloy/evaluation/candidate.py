@@ -21,7 +21,9 @@ from alloy.evaluation.tasks import higher_is_better
 Indices = Sequence[int] | Mapping[str, Sequence[int]] | None
 
 
-def prepare_for_model(loaded: LoadedModel, source: DatasetSource, dataset_ids: Sequence[str], split: str) -> list[PreparedDataset]:
+def prepare_for_model(
+    loaded: LoadedModel, source: DatasetSource, dataset_ids: Sequence[str], split: str
+) -> list[PreparedDataset]:
     prepared = []
     for dataset_id in dataset_ids:
         data = source.load(dataset_id, split)
@@ -29,7 +31,8 @@ def prepare_for_model(loaded: LoadedModel, source: DatasetSource, dataset_ids: S
         if dataset.kind != loaded.kind:
             raise validation_failed(
                 f"dataset {dataset_id!r} scores {dataset.kind} models but the model is a {loaded.kind}",
-                dataset_id=dataset_id, model_kind=loaded.kind,
+                dataset_id=dataset_id,
+                model_kind=loaded.kind,
             )
         prepared.append(dataset)
     return prepared

@@ -65,8 +65,12 @@ class LocalDatasets:
             raise not_found("dataset", dataset_id)
         path = Path(entry.path) / f"{split}.parquet"
         if not path.exists():
-            raise validation_failed(f"dataset {dataset_id!r} has no split {split!r}", dataset_id=dataset_id, split=split)
-        return DatasetSplit(dataset_id, split, pq.read_table(path), dict(entry.task), _local_head(entry.task, Path(entry.path)))
+            raise validation_failed(
+                f"dataset {dataset_id!r} has no split {split!r}", dataset_id=dataset_id, split=split
+            )
+        return DatasetSplit(
+            dataset_id, split, pq.read_table(path), dict(entry.task), _local_head(entry.task, Path(entry.path))
+        )
 
 
 class RegistryDatasets:
@@ -89,4 +93,3 @@ class RegistryDatasets:
         else:
             head = _local_head(task, None)
         return DatasetSplit(dataset_id, split, table, task, head)
-

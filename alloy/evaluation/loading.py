@@ -76,5 +76,6 @@ def load_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], ti
     if missing or unexpected:
         raise validation_failed(
             "candidate weights do not match the model skeleton",
-            missing=missing[:10], unexpected=list(unexpected)[:10],
+            missing=missing[:10],
+            unexpected=list(unexpected)[:10],
         )

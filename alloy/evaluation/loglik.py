@@ -27,12 +27,14 @@ def continuation_logprobs(
     for batch in length_sorted_batches([len(s) for s in sequences], batch_size):
         input_ids, attention_mask = pad_batch([sequences[i] for i in batch], pad_id)
         with torch.inference_mode():
-            logprobs = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention_mask).logits.float(), dim=-1)
+            logprobs = torch.log_softmax(
+                model(input_ids=input_ids, attention_mask=attention_mask).logits.float(), dim=-1
+            )
         for row, index in enumerate(batch):
             start, end = len(prompts[index]), len(sequences[index])
             targets = input_ids[row, start:end]
             # token t is predicted by the logits at position t-1
-            picked = logprobs[row, start - 1: end - 1].gather(-1, targets.unsqueeze(-1))
+            picked = logprobs[row, start - 1 : end - 1].gather(-1, targets.unsqueeze(-1))
             out[index] = (float(picked.sum()), end - start)
     return out
 
@@ -43,7 +45,9 @@ def truncate_prompt(prompt: list[int], longest_choice: int, max_length: int) -> 
     return prompt[-room:]
 
 
-def choice_predictions(model, items: Sequence[ChoiceItem], pad_id: int, batch_size: int, normalize: str = "sum") -> list[int]:
+def choice_predictions(
+    model, items: Sequence[ChoiceItem], pad_id: int, batch_size: int, normalize: str = "sum"
+) -> list[int]:
     prompts, continuations, owners = [], [], []
     for index, item in enumerate(items):
         for choice in item.choice_ids:

@@ -30,7 +30,9 @@ class Score:
 
 def _column(table: pa.Table, name: str, dataset_id: str) -> list:
     if name not in table.column_names:
-        raise validation_failed(f"dataset {dataset_id!r} has no column {name!r}", dataset_id=dataset_id, columns=table.column_names)
+        raise validation_failed(
+            f"dataset {dataset_id!r} has no column {name!r}", dataset_id=dataset_id, columns=table.column_names
+        )
     return table.column(name).to_pylist()
 
 
@@ -105,7 +107,9 @@ class PreparedPrototypeClassification(PreparedDataset):
         chosen = list(range(len(self.sequences))) if indices is None else list(indices)
         predictions = self.predict(model, chosen, batch_size)
         labels = self.labels[chosen]
-        return Score(self.metric, float((predictions == labels).float().mean()) if chosen else float("nan"), len(chosen))
+        return Score(
+            self.metric, float((predictions == labels).float().mean()) if chosen else float("nan"), len(chosen)
+        )
 
 
 class PreparedChoices(PreparedDataset):
@@ -125,11 +129,17 @@ class PreparedChoices(PreparedDataset):
             choices = [shared] * len(prompts)
         else:
             prompts = _column(table, task.prompt_field, dataset_id)
-            choices = [[task.choice_template.format(choice=c) for c in row] for row in _column(table, task.choices_field, dataset_id)]
+            choices = [
+                [task.choice_template.format(choice=c) for c in row]
+                for row in _column(table, task.choices_field, dataset_id)
+            ]
         prompt_ids = tokenize_texts(tokenizer, prompts, 10**6)
         self.items = []
         for prompt, row_choices, label in zip(prompt_ids, choices, labels):
-            choice_ids = [ids or [self.pad_id] for ids in tokenize_texts(tokenizer, row_choices, task.max_length, special_tokens=False)]
+            choice_ids = [
+                ids or [self.pad_id]
+                for ids in tokenize_texts(tokenizer, row_choices, task.max_length, special_tokens=False)
+            ]
             if not 0 <= int(label) < len(choice_ids):
                 raise validation_failed(f"dataset {dataset_id!r}: label {label} out of range", dataset_id=dataset_id)
             prompt = truncate_prompt(prompt, max(len(c) for c in choice_ids), task.max_length)

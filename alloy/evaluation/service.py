@@ -47,7 +47,7 @@ class EvaluationRequest(BaseModel):
     experiment_id: str | None = None
 
     @model_validator(mode="after")
-    def _one_model_form(self) -> "EvaluationRequest":
+    def _one_model_form(self) -> EvaluationRequest:
         if (self.model_id is None) == (self.models is None):
             raise ValueError("give either model_id or models")
         return self
@@ -65,10 +65,19 @@ def parse_request(request: dict[str, Any]) -> EvaluationRequest:
 
 
 class EvaluationService:
-    def __init__(self, models: ModelRegistry, datasets: DatasetRegistry, tracker: ExperimentTracker | None,
-                 jobs: JobStore, store: ArtifactStore | None = None, *, cache_capacity: int = 2,
-                 batch_size: int = DEFAULT_BATCH_SIZE, dataset_source: DatasetSource | None = None,
-                 heartbeat_s: float = 5.0):
+    def __init__(
+        self,
+        models: ModelRegistry,
+        datasets: DatasetRegistry,
+        tracker: ExperimentTracker | None,
+        jobs: JobStore,
+        store: ArtifactStore | None = None,
+        *,
+        cache_capacity: int = 2,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        dataset_source: DatasetSource | None = None,
+        heartbeat_s: float = 5.0,
+    ):
         self.models = models
         self.datasets = datasets
         self.tracker = tracker
@@ -78,8 +87,13 @@ class EvaluationService:
         self.source: DatasetSource = dataset_source or RegistryDatasets(datasets, store)
         self.cache = LoadedModelCache(cache_capacity)
         self.last_experiment_id: str | None = None
-        self.job_runner = JobRunner(jobs, JobKind.EVALUATION, self._job_body, heartbeat_s=heartbeat_s,
-                                    claim_progress={"percent": 0.0, "stage": "loading"})
+        self.job_runner = JobRunner(
+            jobs,
+            JobKind.EVALUATION,
+            self._job_body,
+            heartbeat_s=heartbeat_s,
+            claim_progress={"percent": 0.0, "stage": "loading"},
+        )
 
     # -- models ---------------------------------------------------------------------------------------------
     def _load_registered(self, model_id: str) -> LoadedModel:
@@ -94,30 +108,69 @@ class EvaluationService:
         return self.cache.clear()
 
     # -- evaluation -----------------------------------------------------------------------------------------
-    def evaluate_model(self, model_id: str, dataset_ids: Sequence[str], split: str = "test", batch_size: int | None = None,
-                       experiment_id: str | None = None, progress: Progress | None = None) -> list[EvalResult]:
+    def evaluate_model(
+        self,
+        model_id: str,
+        dataset_ids: Sequence[str],
+        split: str = "test",
+        batch_size: int | None = None,
+        experiment_id: str | None = None,
+        progress: Progress | None = None,
+    ) -> list[EvalResult]:
         """Score a registered model on registered datasets; results are logged to the tracker."""
         loaded = self._load_registered(model_id)
         return self._evaluate(loaded, model_id, dataset_ids, split, batch_size, experiment_id, progress)
 
-    def evaluate_dir(self, model_dir: str | Path, dataset_ids: Sequence[str], split: str = "test",
-                     batch_size: int | None = None, model_id: str | None = None, experiment_id: str | None = None,
-                     progress: Progress | None = None) -> list[EvalResult]:
+    def evaluate_dir(
+        self,
+        model_dir: str | Path,
+        dataset_ids: Sequence[str],
+        split: str = "test",
+        batch_size: int | None = None,
+        model_id: str | None = None,
+        experiment_id: str | None = None,
+        progress: Progress | None = None,
+    ) -> list[EvalResult]:
         """Score a model folder (not necessarily registered); ``model_id`` names it in the records."""
         model_dir = Path(model_dir)
         loaded = self.cache.get(f"dir:{model_dir.resolve()}", lambda: load_model(model_dir))
-        return self._evaluate(loaded, model_id or str(model_dir), dataset_ids, split, batch_size, experiment_id, progress)
+        return self._evaluate(
+            loaded, model_id or str(model_dir), dataset_ids, split, batch_size, experiment_id, progress
+        )
 
-    def candidate_evaluator(self, base_model_id: str, dataset_ids: Sequence[str], split: str = "dev", *,
-                            max_examples: int | None = None, batch_size: int | None = None, seed: int = 0) -> CandidateEvaluator:
+    def candidate_evaluator(
+        self,
+        base_model_id: str,
+        dataset_ids: Sequence[str],
+        split: str = "dev",
+        *,
+        max_examples: int | None = None,
+        batch_size: int | None = None,
+        seed: int = 0,
+    ) -> CandidateEvaluator:
         """A CandidateEvaluator whose skeleton is the registered model ``base_model_id``."""
         if not self.models.exists(base_model_id):
             raise model_not_found(base_model_id)
-        return CandidateEvaluator(self.models.local_dir(base_model_id), self.source, dataset_ids, split,
-                                  batch_size=batch_size or self.batch_size, max_examples=max_examples, seed=seed)
+        return CandidateEvaluator(
+            self.models.local_dir(base_model_id),
+            self.source,
+            dataset_ids,
+            split,
+            batch_size=batch_size or self.batch_size,
+            max_examples=max_examples,
+            seed=seed,
+        )
 
-    def _evaluate(self, loaded: LoadedModel, model_id: str, dataset_ids: Sequence[str], split: str,
-                  batch_size: int | None, experiment_id: str | None, progress: Progress | None) -> list[EvalResult]:
+    def _evaluate(
+        self,
+        loaded: LoadedModel,
+        model_id: str,
+        dataset_ids: Sequence[str],
+        split: str,
+        batch_size: int | None,
+        experiment_id: str | None,
+        progress: Progress | None,
+    ) -> list[EvalResult]:
         if not dataset_ids:
             raise validation_failed("at least one dataset is required")
         prepared = prepare_for_model(loaded, self.source, list(dataset_ids), split)
@@ -128,13 +181,26 @@ class EvaluationService:
         for done, dataset in enumerate(prepared):
             started = time.perf_counter()
             score = dataset.score(loaded.model, None, batch_size or self.batch_size)
-            result = EvalResult(model_id=model_id, dataset_id=dataset.dataset_id, split=split, metric=score.metric,
-                                value=score.value, n=score.n, duration_s=round(time.perf_counter() - started, 3))
+            result = EvalResult(
+                model_id=model_id,
+                dataset_id=dataset.dataset_id,
+                split=split,
+                metric=score.metric,
+                value=score.value,
+                n=score.n,
+                duration_s=round(time.perf_counter() - started, 3),
+            )
             results.append(result)
             self._log(experiment_id, result)
             if progress is not None:
-                progress({"percent": round(100.0 * (done + 1) / len(prepared), 1), "datasets_done": done + 1,
-                          "datasets_total": len(prepared), "last": result.model_dump()})
+                progress(
+                    {
+                        "percent": round(100.0 * (done + 1) / len(prepared), 1),
+                        "datasets_done": done + 1,
+                        "datasets_total": len(prepared),
+                        "last": result.model_dump(),
+                    }
+                )
         self._flush()
         return results
 
@@ -154,28 +220,40 @@ class EvaluationService:
         run.transition(JobState.RUNNING, progress={"stage": "scoring"})
         started = time.perf_counter()
         experiment_id = request.experiment_id or self._new_experiment(
-            ",".join(request.model_ids), request.datasets, request.split, run.job_id)
+            ",".join(request.model_ids), request.datasets, request.split, run.job_id
+        )
         results: list[EvalResult] = []
         share = 100.0 / len(request.model_ids)
         for index, model_id in enumerate(request.model_ids):
             report = _job_progress(run, model_id, index * share, share)
-            results += self.evaluate_model(model_id, request.datasets, request.split, request.batch_size,
-                                           experiment_id, report)
+            results += self.evaluate_model(
+                model_id, request.datasets, request.split, request.batch_size, experiment_id, report
+            )
         return result_summary(results, experiment_id, time.perf_counter() - started)
 
     # -- tracker --------------------------------------------------------------------------------------------
-    def _new_experiment(self, model_id: str, dataset_ids: Sequence[str], split: str, job_id: str | None = None) -> str | None:
+    def _new_experiment(
+        self, model_id: str, dataset_ids: Sequence[str], split: str, job_id: str | None = None
+    ) -> str | None:
         if self.tracker is None:
             return None
         return self.tracker.create_experiment(
-            name=f"evaluate {model_id}", kind="evaluation",
+            name=f"evaluate {model_id}",
+            kind="evaluation",
             params={"model_id": model_id, "datasets": list(dataset_ids), "split": split, "job_id": job_id},
         )
 
     def _log(self, experiment_id: str | None, result: EvalResult) -> None:
         if self.tracker is not None and experiment_id is not None:
-            self.tracker.log_result(experiment_id, result.model_id, result.dataset_id, result.split, result.metric,
-                                    result.value, result.duration_s)
+            self.tracker.log_result(
+                experiment_id,
+                result.model_id,
+                result.dataset_id,
+                result.split,
+                result.metric,
+                result.value,
+                result.duration_s,
+            )
 
     def _flush(self) -> None:
         if self.tracker is not None:
@@ -185,10 +263,13 @@ class EvaluationService:
 def _job_progress(run: JobRun, model_id: str, offset: float, share: float) -> Progress:
     """Per-dataset progress of one model as the job's overall percent; a cancelled run stops here, between
     datasets (the scoring of one dataset is not interruptible)."""
+
     def report(update: dict[str, Any]) -> None:
         run.check_cancel()
-        run.jobs.update_progress(run.job_id, **{**update, "model_id": model_id,
-                                                "percent": round(offset + update["percent"] * share / 100, 1)})
+        run.jobs.update_progress(
+            run.job_id,
+            **{**update, "model_id": model_id, "percent": round(offset + update["percent"] * share / 100, 1)},
+        )
 
     return report
 

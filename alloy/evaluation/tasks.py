@@ -11,7 +11,7 @@ Three kinds (schema with examples in the README, "Evaluation"):
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
@@ -47,7 +47,7 @@ class ClassificationTask(BaseModel):
     model_kind: str | None = None  # informative only
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ClassificationTask":
+    def _consistent(self) -> ClassificationTask:
         if self.label_texts is not None and len(self.label_texts) != len(self.labels):
             raise ValueError("label_texts must have one entry per label")
         if self.head == "prototypes" and not (self.head_artifact or self.head_path or self.head_file):
@@ -77,11 +77,13 @@ class MultipleChoiceTask(BaseModel):
         return "accuracy"
 
 
-TaskSpec = Annotated[Union[PerplexityTask, ClassificationTask, MultipleChoiceTask], Field(discriminator="type")]
+TaskSpec = Annotated[PerplexityTask | ClassificationTask | MultipleChoiceTask, Field(discriminator="type")]
 _ADAPTER: TypeAdapter = TypeAdapter(TaskSpec)
 
 
-def parse_task(task: dict[str, Any] | None, dataset_id: str = "") -> PerplexityTask | ClassificationTask | MultipleChoiceTask:
+def parse_task(
+    task: dict[str, Any] | None, dataset_id: str = ""
+) -> PerplexityTask | ClassificationTask | MultipleChoiceTask:
     if not task:
         raise validation_failed(f"dataset {dataset_id!r} has no evaluation task", dataset_id=dataset_id)
     try:

@@ -56,8 +56,9 @@ def silent_for_s(job: JobRecord) -> float:
     return (datetime.now(timezone.utc) - _aware(job.updated_at)).total_seconds()
 
 
-def sweep_orphans(jobs: JobStore, *, kind: JobKind, stale_after_s: float,
-                  running_here: Iterable[str] = ()) -> list[str]:
+def sweep_orphans(
+    jobs: JobStore, *, kind: JobKind, stale_after_s: float, running_here: Iterable[str] = ()
+) -> list[str]:
     """Requeue jobs of ``kind`` whose owner stopped beating (recording an ``interrupted`` event) and return every
     job id that should be dispatched again: those, plus CREATED jobs older than ``stale_after_s`` (a dispatch
     that was lost with its ingress)."""
@@ -80,9 +81,17 @@ class OrphanSweeper:
     """A daemon thread of a Serve replica: sweeps its kind's lost jobs soon after start (a replica replacing a
     dead one picks up its work at once), then every ``interval_s``, and hands each to ``dispatch``."""
 
-    def __init__(self, jobs: JobStore, kind: JobKind, *, stale_after_s: float,
-                 running_here: Callable[[], Iterable[str]], dispatch: Callable[[str], None],
-                 interval_s: float = 30.0, first_after_s: float = 1.0):
+    def __init__(
+        self,
+        jobs: JobStore,
+        kind: JobKind,
+        *,
+        stale_after_s: float,
+        running_here: Callable[[], Iterable[str]],
+        dispatch: Callable[[str], None],
+        interval_s: float = 30.0,
+        first_after_s: float = 1.0,
+    ):
         self.jobs, self.kind = jobs, kind
         self.stale_after_s = stale_after_s
         self.running_here = running_here
@@ -99,8 +108,9 @@ class OrphanSweeper:
         self._stop.set()
 
     def sweep(self) -> list[str]:
-        job_ids = sweep_orphans(self.jobs, kind=self.kind, stale_after_s=self.stale_after_s,
-                                running_here=self.running_here())
+        job_ids = sweep_orphans(
+            self.jobs, kind=self.kind, stale_after_s=self.stale_after_s, running_here=self.running_here()
+        )
         for job_id in job_ids:
             logger.warning("replaying %s job %s: its owner is gone", self.kind.value, job_id)
             self.dispatch(job_id)
@@ -112,7 +122,7 @@ class OrphanSweeper:
             wait = self.interval_s
             try:
                 self.sweep()
-            except Exception:  # noqa: BLE001 - recovery must never take the replica down; logged
+            except Exception:
                 logger.exception("%s orphan sweep failed", self.kind.value)
 
 

@@ -33,8 +33,16 @@ class MergeRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"models": ["tiny-a", "tiny-b"], "strategy": "ties",
-                                         "parameters": {"density": 0.5}, "output_model_id": "my-merge"}]},
+        json_schema_extra={
+            "examples": [
+                {
+                    "models": ["tiny-a", "tiny-b"],
+                    "strategy": "ties",
+                    "parameters": {"density": 0.5},
+                    "output_model_id": "my-merge",
+                }
+            ]
+        },
     )
 
     models: list[str] = Field(min_length=2, max_length=8, description="Model ids to merge (2-8)")
@@ -55,20 +63,30 @@ class MergeRequest(BaseModel):
 
 # --- synchronous validation ---------------------------------------------------------------------------------
 
-def check_merge_inputs(request: MergeRequest, recipe: MergeRecipe, *, output_taken: bool,
-                       manifests: Mapping[str, ModelManifest]) -> None:
+
+def check_merge_inputs(
+    request: MergeRequest, recipe: MergeRecipe, *, output_taken: bool, manifests: Mapping[str, ModelManifest]
+) -> None:
     """The checks that need the registry, given what it answered: ALREADY_EXISTS (output id registered or being
     produced by another job), INCOMPATIBLE_MODELS. (MODEL_NOT_FOUND comes from fetching ``manifests``.)"""
     if request.output_model_id in recipe.model_ids:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, "output_model_id must differ from the input models",
-                         {"field": "output_model_id"})
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED,
+            "output_model_id must differ from the input models",
+            {"field": "output_model_id"},
+        )
     if output_taken:
-        raise AlloyError(ErrorCode.ALREADY_EXISTS, f"model {request.output_model_id!r} already exists",
-                         {"field": "output_model_id", "model_id": request.output_model_id})
+        raise AlloyError(
+            ErrorCode.ALREADY_EXISTS,
+            f"model {request.output_model_id!r} already exists",
+            {"field": "output_model_id", "model_id": request.output_model_id},
+        )
     check_compatibility(recipe, manifests)
 
 
-def validate_merge_request(request: MergeRequest, *, models: ModelRegistry, jobs: JobStore | None = None) -> MergeRecipe:
+def validate_merge_request(
+    request: MergeRequest, *, models: ModelRegistry, jobs: JobStore | None = None
+) -> MergeRecipe:
     """Everything that can be checked before a job exists, against a plain ModelRegistry: INVALID_STRATEGY,
     VALIDATION_FAILED, ALREADY_EXISTS, MODEL_NOT_FOUND, INCOMPATIBLE_MODELS. Returns the validated recipe."""
     recipe = request.recipe()

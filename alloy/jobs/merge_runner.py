@@ -55,8 +55,9 @@ class MergeJobRunner:
         self.shard_bytes = shard_bytes
         self.max_in_flight = max_in_flight
         self.evaluate = evaluate
-        self.job_runner = JobRunner(jobs, JobKind.MERGE, self._body, heartbeat_s=heartbeat_s,
-                                    claim_progress={"stage": "preparing"})
+        self.job_runner = JobRunner(
+            jobs, JobKind.MERGE, self._body, heartbeat_s=heartbeat_s, claim_progress={"stage": "preparing"}
+        )
 
     @property
     def running(self) -> dict[str, threading.Event]:
@@ -87,9 +88,14 @@ class MergeJobRunner:
             evaluation = self.evaluate(out_dir, request)
             run.check_cancel()
         record = self.models.register(
-            request.output_model_id, str(out_dir),
-            lineage={"job_id": run.job_id, "strategy": recipe.strategy, "models": recipe.model_ids,
-                     "parameters": recipe.parameters},
+            request.output_model_id,
+            str(out_dir),
+            lineage={
+                "job_id": run.job_id,
+                "strategy": recipe.strategy,
+                "models": recipe.model_ids,
+                "parameters": recipe.parameters,
+            },
         )
         run.on_undo(lambda: self._unregister(record.id))
         # Scratch goes before COMPLETED, so that a completed job never leaves anything behind it.
@@ -99,8 +105,11 @@ class MergeJobRunner:
     def _prepare(self, request: MergeRequest) -> tuple[MergeRecipe, dict[str, Path]]:
         recipe = request.recipe()
         if self.models.exists(request.output_model_id):
-            raise AlloyError(ErrorCode.ALREADY_EXISTS, f"model {request.output_model_id!r} already exists",
-                             {"model_id": request.output_model_id})
+            raise AlloyError(
+                ErrorCode.ALREADY_EXISTS,
+                f"model {request.output_model_id!r} already exists",
+                {"model_id": request.output_model_id},
+            )
         resolved = {model_id: self.cache.get(model_id) for model_id in recipe.model_ids}
         check_compatibility(recipe, {model_id: entry.manifest for model_id, entry in resolved.items()})
         return recipe, {model_id: entry.local_dir for model_id, entry in resolved.items()}

@@ -83,8 +83,16 @@ JobBody = Callable[[JobRun], dict[str, Any]]
 class JobRunner:
     """Runs jobs of one kind through ``body``; thread-safe (one :meth:`run` per thread)."""
 
-    def __init__(self, jobs: JobStore, kind: JobKind, body: JobBody, *, heartbeat_s: float = 5.0,
-                 claim_progress: dict[str, Any] | None = None, slots: int = 0):
+    def __init__(
+        self,
+        jobs: JobStore,
+        kind: JobKind,
+        body: JobBody,
+        *,
+        heartbeat_s: float = 5.0,
+        claim_progress: dict[str, Any] | None = None,
+        slots: int = 0,
+    ):
         self.jobs, self.kind, self.body = jobs, kind, body
         self.heartbeat_s = heartbeat_s
         self.claim_progress = claim_progress or {"stage": "preparing"}
@@ -137,13 +145,15 @@ class JobRunner:
             completed = True
             return done
         except JobInterrupted:
-            return self._end(run, lambda: self.jobs.requeue(job_id, f"replica shutting down: {self.kind.value} "
-                                                                    "job interrupted"))
+            return self._end(
+                run, lambda: self.jobs.requeue(job_id, f"replica shutting down: {self.kind.value} job interrupted")
+            )
         except AlloyError as exc:
             if exc.code is ErrorCode.CONFLICT and self._lost_ownership(run):
                 return self._abandoned(run)
-            return self._end(run, lambda: self.jobs.fail(job_id, exc.code, exc.message))
-        except Exception as exc:  # noqa: BLE001 - any crash becomes a FAILED job, logged with its traceback
+            code, message = exc.code, exc.message
+            return self._end(run, lambda: self.jobs.fail(job_id, code, message))
+        except Exception as exc:
             logger.exception("%s job %s crashed", self.kind.value, job_id)
             message = f"{self.kind.value} failed: {type(exc).__name__}: {exc}"
             return self._end(run, lambda: self.jobs.fail(job_id, ErrorCode.INTERNAL_ERROR, message))
@@ -179,8 +189,9 @@ class JobRunner:
     def _abandoned(self, run: JobRun) -> JobRecord:
         """Give the job up without touching its record: failing it would be legal from CREATED and would end a
         requeued job FAILED. The undo hooks still remove this run's own outputs."""
-        logger.warning("%s job %s was moved by someone else while it ran: leaving it as it is",
-                       self.kind.value, run.job_id)
+        logger.warning(
+            "%s job %s was moved by someone else while it ran: leaving it as it is", self.kind.value, run.job_id
+        )
         return self.jobs.get(run.job_id)
 
     # -- shutdown and recovery ----------------------------------------------------------------------------
@@ -208,13 +219,25 @@ class JobRunner:
                 logger.exception("could not requeue %s job %s", self.kind.value, job_id)
         return interrupted
 
-    def start_sweeper(self, *, stale_after_s: float, dispatch: Callable[[str], None],
-                      interval_s: float = 30.0, first_after_s: float = 1.0) -> OrphanSweeper:
+    def start_sweeper(
+        self,
+        *,
+        stale_after_s: float,
+        dispatch: Callable[[str], None],
+        interval_s: float = 30.0,
+        first_after_s: float = 1.0,
+    ) -> OrphanSweeper:
         """Requeue this kind's jobs whose owner went silent and ``dispatch`` them again, periodically; the jobs
         accepted here are never taken for lost."""
-        self.sweeper = OrphanSweeper(self.jobs, self.kind, stale_after_s=stale_after_s,
-                                     running_here=self._held, dispatch=dispatch, interval_s=interval_s,
-                                     first_after_s=first_after_s).start()
+        self.sweeper = OrphanSweeper(
+            self.jobs,
+            self.kind,
+            stale_after_s=stale_after_s,
+            running_here=self._held,
+            dispatch=dispatch,
+            interval_s=interval_s,
+            first_after_s=first_after_s,
+        ).start()
         return self.sweeper
 
     def _held(self) -> set[str]:
@@ -226,7 +249,7 @@ def _run_all(actions: list[Callable[[], None]], what: str, job_id: str) -> None:
     for action in reversed(actions):
         try:
             action()
-        except Exception:  # noqa: BLE001 - one failed clean-up must not skip the others; logged
+        except Exception:
             logger.exception("%s action of job %s failed", what, job_id)
 
 

@@ -7,6 +7,7 @@ to CREATED for replay after a crash; the history (``events``) keeps what happene
 
 from __future__ import annotations
 
+import builtins  # the store's own list() method shadows the name in annotations below it
 import re
 import uuid
 from datetime import datetime
@@ -16,11 +17,11 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import func, select, update
 
+from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import JobEventRow, JobRow
 from alloy.storage.db.page import check_paging
 from alloy.storage.db.types import utcnow
-from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
 
 
 class JobKind(str, Enum):
@@ -81,11 +82,21 @@ class JobRecord(BaseModel):
     finished_at: datetime | None
 
     @classmethod
-    def from_row(cls, row: JobRow) -> "JobRecord":
+    def from_row(cls, row: JobRow) -> JobRecord:
         return cls(
-            id=row.id, kind=row.kind, state=row.state, progress=row.progress or {}, request=row.request or {},
-            result=row.result, error=row.error, owner=row.owner, attempts=row.attempts, created_at=row.created_at,
-            updated_at=row.updated_at, started_at=row.started_at, finished_at=row.finished_at,
+            id=row.id,
+            kind=row.kind,
+            state=row.state,
+            progress=row.progress or {},
+            request=row.request or {},
+            result=row.result,
+            error=row.error,
+            owner=row.owner,
+            attempts=row.attempts,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
         )
 
 
@@ -102,7 +113,8 @@ class JobEvent(BaseModel):
 
 def _conflict(job_id: str, current: str, target: str, why: str = "illegal move") -> AlloyError:
     return AlloyError(
-        ErrorCode.CONFLICT, f"job {job_id!r}: {why} {current} -> {target}",
+        ErrorCode.CONFLICT,
+        f"job {job_id!r}: {why} {current} -> {target}",
         {"job_id": job_id, "state": current, "requested": target},
     )
 
@@ -112,8 +124,9 @@ class JobStore:
         self.db = db
 
     # -- writes ---------------------------------------------------------------------------------------------
-    def create(self, kind: JobKind | str, request: dict[str, Any], owner: str | None = None,
-               job_id: str | None = None) -> JobRecord:
+    def create(
+        self, kind: JobKind | str, request: dict[str, Any], owner: str | None = None, job_id: str | None = None
+    ) -> JobRecord:
         try:
             kind = JobKind(kind)
         except ValueError:
@@ -122,8 +135,17 @@ class JobStore:
         if not JOB_ID_PATTERN.fullmatch(job_id):
             raise validation_failed("invalid job id", job_id=job_id)
         now = utcnow()
-        row = JobRow(id=job_id, kind=kind.value, state=JobState.CREATED.value, progress={}, request=request,
-                     owner=owner, attempts=0, created_at=now, updated_at=now)
+        row = JobRow(
+            id=job_id,
+            kind=kind.value,
+            state=JobState.CREATED.value,
+            progress={},
+            request=request,
+            owner=owner,
+            attempts=0,
+            created_at=now,
+            updated_at=now,
+        )
         with self.db.session() as session:
             if session.get(JobRow, job_id) is not None:
                 raise AlloyError(ErrorCode.ALREADY_EXISTS, f"job {job_id!r} already exists", {"job_id": job_id})
@@ -161,7 +183,8 @@ class JobStore:
                     raise _conflict(job_id, current.value, current.value, "progress after the end:")
                 merged = {**(row.progress or {}), **progress}
                 changed = session.execute(
-                    update(JobRow).where(JobRow.id == job_id, JobRow.state == current.value)
+                    update(JobRow)
+                    .where(JobRow.id == job_id, JobRow.state == current.value)
                     .values(progress=merged, updated_at=utcnow())
                     .execution_options(synchronize_session=False)
                 ).rowcount
@@ -169,8 +192,9 @@ class JobStore:
                 return self.get(job_id)
         raise _conflict(job_id, "?", "progress", "kept changing state during")
 
-    def _move(self, job_id: str, target: JobState, allowed, fields: dict[str, Any],
-              reason: str | None = None) -> JobRecord:
+    def _move(
+        self, job_id: str, target: JobState, allowed, fields: dict[str, Any], reason: str | None = None
+    ) -> JobRecord:
         with self.db.session() as session:
             row = self._row(session, job_id)
             current = JobState(row.state)
@@ -195,13 +219,24 @@ class JobStore:
             elif current is JobState.CREATED and row.attempts > 0:
                 event = "replayed"
             changed = session.execute(
-                update(JobRow).where(JobRow.id == job_id, JobRow.state == current.value).values(**values)
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.state == current.value)
+                .values(**values)
                 .execution_options(synchronize_session=False)
             ).rowcount
             if changed != 1:
                 raise _conflict(job_id, current.value, target.value, "lost a concurrent move")
-            session.add(JobEventRow(job_id=job_id, event=event, from_state=current.value, to_state=target.value,
-                                    reason=reason, details=values.get("error"), at=now))
+            session.add(
+                JobEventRow(
+                    job_id=job_id,
+                    event=event,
+                    from_state=current.value,
+                    to_state=target.value,
+                    reason=reason,
+                    details=values.get("error"),
+                    at=now,
+                )
+            )
         return self.get(job_id)
 
     # -- reads ----------------------------------------------------------------------------------------------
@@ -216,8 +251,14 @@ class JobStore:
         with self.db.session() as session:
             return JobRecord.from_row(self._row(session, job_id))
 
-    def list(self, state: JobState | str | None = None, kind: JobKind | str | None = None,
-             owner: str | None = None, offset: int = 0, limit: int = 50) -> Page[JobRecord]:
+    def list(
+        self,
+        state: JobState | str | None = None,
+        kind: JobKind | str | None = None,
+        owner: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> Page[JobRecord]:
         check_paging(offset, limit)
         query = select(JobRow)
         if state is not None:
@@ -231,10 +272,9 @@ class JobStore:
             rows = session.scalars(
                 query.order_by(JobRow.created_at.desc(), JobRow.id).offset(offset).limit(limit)
             ).all()
-            return Page[JobRecord](items=[JobRecord.from_row(r) for r in rows], total=total, offset=offset,
-                                   limit=limit)
+            return Page[JobRecord](items=[JobRecord.from_row(r) for r in rows], total=total, offset=offset, limit=limit)
 
-    def active(self, kind: JobKind | str | None = None) -> list[JobRecord]:
+    def active(self, kind: JobKind | str | None = None) -> builtins.list[JobRecord]:
         """Every non-terminal job, oldest first (what recovery replays and shutdown waits for)."""
         query = select(JobRow).where(JobRow.state.in_([s.value for s in NON_TERMINAL_STATES]))
         if kind is not None:
@@ -243,11 +283,22 @@ class JobStore:
             rows = session.scalars(query.order_by(JobRow.created_at, JobRow.id)).all()
             return [JobRecord.from_row(r) for r in rows]
 
-    def events(self, job_id: str) -> list[JobEvent]:
+    def events(self, job_id: str) -> builtins.list[JobEvent]:
         with self.db.session() as session:
             self._row(session, job_id)
             rows = session.scalars(
                 select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
             ).all()
-            return [JobEvent(id=r.id, job_id=r.job_id, event=r.event, from_state=r.from_state,
-                             to_state=r.to_state, reason=r.reason, details=r.details, at=r.at) for r in rows]
+            return [
+                JobEvent(
+                    id=r.id,
+                    job_id=r.job_id,
+                    event=r.event,
+                    from_state=r.from_state,
+                    to_state=r.to_state,
+                    reason=r.reason,
+                    details=r.details,
+                    at=r.at,
+                )
+                for r in rows
+            ]

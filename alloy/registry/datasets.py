@@ -18,13 +18,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from alloy.errors import AlloyError, ErrorCode, from_validation_error, not_found, validation_failed
+from alloy.registry.ids import check_id
 from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import DatasetRow
 from alloy.storage.db.page import check_paging
 from alloy.storage.db.types import utcnow
-from alloy.errors import AlloyError, ErrorCode, from_validation_error, not_found, validation_failed
-from alloy.registry.ids import check_id
 
 DATASETS_PREFIX = "datasets"
 DEFAULT_SPLIT = "train"  # the split name of a dataset registered from a single file
@@ -63,7 +63,7 @@ class DatasetRecord(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: DatasetRow) -> "DatasetRecord":
+    def from_row(cls, row: DatasetRow) -> DatasetRecord:
         return cls.model_validate(row, from_attributes=True)
 
 
@@ -90,9 +90,16 @@ class DatasetRegistry:
         self.catalog = ArtifactCatalog(db, store)
         self.roots = None if roots is None else [Path(r).resolve() for r in roots]
 
-    def register(self, dataset_id: str, source: str | os.PathLike | Mapping[str, str | os.PathLike] | None = None,
-                 *, splits: Mapping[str, str | os.PathLike] | None = None, task: dict[str, Any] | None = None,
-                 description: str | None = None, owner: str | None = None) -> DatasetRecord:
+    def register(
+        self,
+        dataset_id: str,
+        source: str | os.PathLike | Mapping[str, str | os.PathLike] | None = None,
+        *,
+        splits: Mapping[str, str | os.PathLike] | None = None,
+        task: dict[str, Any] | None = None,
+        description: str | None = None,
+        owner: str | None = None,
+    ) -> DatasetRecord:
         """``source``: one file (split ``train``) or a mapping split -> file (``splits=`` is the same mapping)."""
         check_id("dataset", dataset_id)
         files = self._split_files(source, splits)
@@ -110,11 +117,20 @@ class DatasetRegistry:
         split_infos = {}
         for name, (table, source_format) in tables.items():
             info = infos[f"{prefix}/{name}.parquet"]
-            split_infos[name] = SplitInfo(rows=table.num_rows, key=info.key, size=info.size, sha256=info.sha256,
-                                          source_format=source_format).model_dump()
-        row = DatasetRow(id=dataset_id, description=description, task=checked_task, schema_fields=schema,
-                         splits=split_infos, row_count=sum(t.num_rows for t, _ in tables.values()),
-                         artifact_prefix=prefix, owner=owner, created_at=utcnow())
+            split_infos[name] = SplitInfo(
+                rows=table.num_rows, key=info.key, size=info.size, sha256=info.sha256, source_format=source_format
+            ).model_dump()
+        row = DatasetRow(
+            id=dataset_id,
+            description=description,
+            task=checked_task,
+            schema_fields=schema,
+            splits=split_infos,
+            row_count=sum(t.num_rows for t, _ in tables.values()),
+            artifact_prefix=prefix,
+            owner=owner,
+            created_at=utcnow(),
+        )
         try:
             with self.db.session() as session:
                 session.add(row)
@@ -124,8 +140,9 @@ class DatasetRegistry:
 
     @staticmethod
     def _already_exists(dataset_id: str) -> AlloyError:
-        return AlloyError(ErrorCode.ALREADY_EXISTS, f"dataset {dataset_id!r} already exists",
-                          {"dataset_id": dataset_id})
+        return AlloyError(
+            ErrorCode.ALREADY_EXISTS, f"dataset {dataset_id!r} already exists", {"dataset_id": dataset_id}
+        )
 
     def _split_files(self, source, splits) -> dict[str, Path]:
         if isinstance(source, Mapping):
@@ -161,8 +178,9 @@ class DatasetRegistry:
             column = getattr(parsed, role)
             missing = [name for name, table in tables.items() if column and column not in table.column_names]
             if missing:
-                raise validation_failed(f"task {role} {column!r} is not a column of split(s) {missing}",
-                                        field=column, splits=missing)
+                raise validation_failed(
+                    f"task {role} {column!r} is not a column of split(s) {missing}", field=column, splits=missing
+                )
         return parsed.model_dump(exclude_none=True)
 
     # -- reads ----------------------------------------------------------------------------------------------
@@ -188,15 +206,19 @@ class DatasetRegistry:
         with self.db.session() as session:
             total = session.scalar(select(func.count()).select_from(query.subquery()))
             rows = session.scalars(query.order_by(DatasetRow.id).offset(offset).limit(limit)).all()
-            return Page[DatasetRecord](items=[DatasetRecord.from_row(r) for r in rows], total=total,
-                                       offset=offset, limit=limit)
+            return Page[DatasetRecord](
+                items=[DatasetRecord.from_row(r) for r in rows], total=total, offset=offset, limit=limit
+            )
 
     def read_split(self, dataset_id: str, split: str) -> pa.Table:
         record = self.get(dataset_id)
         info = record.splits.get(split)
         if info is None:
-            raise AlloyError(ErrorCode.NOT_FOUND, f"dataset {dataset_id!r} has no split {split!r}",
-                             {"dataset": dataset_id, "split": split, "splits": sorted(record.splits)})
+            raise AlloyError(
+                ErrorCode.NOT_FOUND,
+                f"dataset {dataset_id!r} has no split {split!r}",
+                {"dataset": dataset_id, "split": split, "splits": sorted(record.splits)},
+            )
         with self.store.open(info.key) as handle:
             return pq.read_table(handle)
 

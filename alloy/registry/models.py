@@ -13,15 +13,15 @@ from pydantic import BaseModel
 from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 
+from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
+from alloy.ids import confined_path
+from alloy.model_manifest import PICKLE_SUFFIXES, ModelManifest, read_manifest
+from alloy.registry.ids import check_id, namespace_clashes
 from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import ModelRow
 from alloy.storage.db.page import check_paging
 from alloy.storage.db.types import utcnow
-from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
-from alloy.model_manifest import PICKLE_SUFFIXES, ModelManifest, read_manifest
-from alloy.ids import confined_path
-from alloy.registry.ids import check_id, namespace_clashes
 
 if TYPE_CHECKING:
     from alloy.config import Settings
@@ -50,21 +50,30 @@ class ModelRecord(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: ModelRow) -> "ModelRecord":
+    def from_row(cls, row: ModelRow) -> ModelRecord:
         return cls.model_validate(row, from_attributes=True)
 
 
 def files_to_copy(model_dir: Path) -> list[str]:
     return sorted(
-        p.name for p in model_dir.iterdir()
-        if p.is_file() and p.suffix in COPIED_SUFFIXES and p.suffix not in PICKLE_SUFFIXES
+        p.name
+        for p in model_dir.iterdir()
+        if p.is_file()
+        and p.suffix in COPIED_SUFFIXES
+        and p.suffix not in PICKLE_SUFFIXES
         and not p.name.startswith(".")
     )
 
 
 class ModelRegistry:
-    def __init__(self, db: Database, store: ArtifactStore, *, model_roots: list[Path] | tuple = (),
-                 data_dir: str | os.PathLike = "var"):
+    def __init__(
+        self,
+        db: Database,
+        store: ArtifactStore,
+        *,
+        model_roots: list[Path] | tuple = (),
+        data_dir: str | os.PathLike = "var",
+    ):
         self.db, self.store = db, store
         self.catalog = ArtifactCatalog(db, store)
         self.data_dir = Path(data_dir).resolve()
@@ -72,12 +81,19 @@ class ModelRegistry:
         self.cache_dir = self.data_dir / "cache" / "models"
 
     @classmethod
-    def from_settings(cls, settings: "Settings", db: Database, store: ArtifactStore) -> "ModelRegistry":
+    def from_settings(cls, settings: Settings, db: Database, store: ArtifactStore) -> ModelRegistry:
         return cls(db, store, model_roots=settings.model_roots, data_dir=settings.data_dir)
 
     # -- register -------------------------------------------------------------------------------------------
-    def register(self, model_id: str, source: str | os.PathLike, *, owner: str | None = None,
-                 lineage: dict[str, Any] | None = None, copy_into_store: bool = True) -> ModelRecord:
+    def register(
+        self,
+        model_id: str,
+        source: str | os.PathLike,
+        *,
+        owner: str | None = None,
+        lineage: dict[str, Any] | None = None,
+        copy_into_store: bool = True,
+    ) -> ModelRecord:
         """Register a folder (inside the model roots or the data dir) or an artifact folder (URI or key of this
         store). A local folder is copied into the store under ``models/<id>/`` unless ``copy_into_store`` is
         False, in which case the registry points at it in place."""
@@ -99,12 +115,23 @@ class ModelRegistry:
                 self.catalog.record(infos, kind="model", owner=owner)
                 source_path = None
         row = ModelRow(
-            id=model_id, architecture=manifest.architecture, model_type=manifest.model_type,
-            dtypes=manifest.dtypes, parameter_count=manifest.parameter_count, num_layers=manifest.num_layers,
-            hidden_size=manifest.hidden_size, fingerprint=manifest.fingerprint, shards=manifest.shards,
-            tensor_count=len(manifest.tensors), size_bytes=manifest.size_bytes, artifact_prefix=prefix,
-            source_path=str(source_path) if source_path else None, manifest=manifest.model_dump(mode="json"),
-            owner=owner, lineage=lineage, created_at=utcnow(),
+            id=model_id,
+            architecture=manifest.architecture,
+            model_type=manifest.model_type,
+            dtypes=manifest.dtypes,
+            parameter_count=manifest.parameter_count,
+            num_layers=manifest.num_layers,
+            hidden_size=manifest.hidden_size,
+            fingerprint=manifest.fingerprint,
+            shards=manifest.shards,
+            tensor_count=len(manifest.tensors),
+            size_bytes=manifest.size_bytes,
+            artifact_prefix=prefix,
+            source_path=str(source_path) if source_path else None,
+            manifest=manifest.model_dump(mode="json"),
+            owner=owner,
+            lineage=lineage,
+            created_at=utcnow(),
         )
         try:
             with self.db.session() as session:
@@ -120,27 +147,37 @@ class ModelRegistry:
         with self.db.session() as session:
             if session.get(ModelRow, model_id) is not None:
                 raise self._already_exists(model_id)
-            nested = session.scalar(select(ModelRow.id).where(or_(
-                ModelRow.id.in_(namespace_clashes(model_id)),
-                ModelRow.id.startswith(model_id + "/", autoescape=True),
-            )).limit(1))
+            nested = session.scalar(
+                select(ModelRow.id)
+                .where(
+                    or_(
+                        ModelRow.id.in_(namespace_clashes(model_id)),
+                        ModelRow.id.startswith(model_id + "/", autoescape=True),
+                    )
+                )
+                .limit(1)
+            )
         if nested is not None:
-            raise validation_failed(f"model id {model_id!r} clashes with the namespace of {nested!r}",
-                                    model_id=model_id, clashes_with=nested)
+            raise validation_failed(
+                f"model id {model_id!r} clashes with the namespace of {nested!r}",
+                model_id=model_id,
+                clashes_with=nested,
+            )
 
     def _artifact_key(self, source: str | os.PathLike) -> str | None:
         text = str(source)
         key = self.store.key_for(text)
         if key is None and "://" in text and not text.startswith("file://"):
-            raise validation_failed("source URI is not inside the artifact store", source=text,
-                                    store=self.store.uri)
+            raise validation_failed("source URI is not inside the artifact store", source=text, store=self.store.uri)
         if key is not None and not self.store.dir_exists(key):
             raise validation_failed("source is not a published artifact folder", source=text)
         return key
 
     def _confined_local(self, source: str | os.PathLike) -> Path:
         # The error never names the configured roots: clients learn nothing about the server's folders.
-        path = confined_path(Path(str(source).removeprefix("file://")).expanduser(), self.allowed_roots, kind="model path")
+        path = confined_path(
+            Path(str(source).removeprefix("file://")).expanduser(), self.allowed_roots, kind="model path"
+        )
         if not path.is_dir():
             raise validation_failed("model path is not a folder", path=str(source))
         return path
@@ -177,8 +214,9 @@ class ModelRegistry:
         with self.db.session() as session:
             total = session.scalar(select(func.count()).select_from(query.subquery()))
             rows = session.scalars(query.order_by(ModelRow.id).offset(offset).limit(limit)).all()
-            return Page[ModelRecord](items=[ModelRecord.from_row(r) for r in rows], total=total, offset=offset,
-                                     limit=limit)
+            return Page[ModelRecord](
+                items=[ModelRecord.from_row(r) for r in rows], total=total, offset=offset, limit=limit
+            )
 
     def manifest(self, model_id: str) -> ModelManifest:
         with self.db.session() as session:

@@ -29,11 +29,11 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel
 from sqlalchemy import delete, func, select
 
+from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import ArtifactRow
 from alloy.storage.db.page import check_paging
 from alloy.storage.db.types import utcnow
-from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
 
 if TYPE_CHECKING:
     from alloy.config import Settings
@@ -63,11 +63,14 @@ def check_key(key: str, *, allow_root: bool = False) -> str:
             return ""
     parts = key.split("/")
     if (
-        not key or len(key) > MAX_KEY_LENGTH or key.startswith("/") or "\\" in key or "\x00" in key
+        not key
+        or len(key) > MAX_KEY_LENGTH
+        or key.startswith("/")
+        or "\\" in key
+        or "\x00" in key
         or any(part in ("", ".", "..") or part in RESERVED_NAMES for part in parts)
     ):
-        raise validation_failed("invalid artifact key: relative POSIX path without '..' or reserved names",
-                                key=key)
+        raise validation_failed("invalid artifact key: relative POSIX path without '..' or reserved names", key=key)
     return key
 
 
@@ -77,8 +80,13 @@ def _chunks_of(handle: IO[bytes], chunk_bytes: int) -> Iterator[bytes]:
 
 
 class ArtifactStore:
-    def __init__(self, uri: str | os.PathLike, storage_options: dict[str, Any] | None = None, *,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+    def __init__(
+        self,
+        uri: str | os.PathLike,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ):
         options = dict(storage_options or {})
         uri = str(uri)
         if uri.startswith("s3://"):
@@ -96,7 +104,7 @@ class ArtifactStore:
             self.uri = f"{protocol}://{self.root}"
 
     @classmethod
-    def from_settings(cls, settings: "Settings") -> "ArtifactStore":
+    def from_settings(cls, settings: Settings) -> ArtifactStore:
         return cls(settings.artifacts_uri, settings.storage_options, chunk_bytes=settings.artifacts.chunk_bytes)
 
     def __repr__(self) -> str:
@@ -108,7 +116,7 @@ class ArtifactStore:
         return f"{self.root}/{key}" if key else self.root
 
     def _key_of(self, path: str) -> str:
-        return self.fs._strip_protocol(path)[len(self.root) + 1:]
+        return self.fs._strip_protocol(path)[len(self.root) + 1 :]
 
     def uri_for(self, key: str) -> str:
         key = check_key(key)
@@ -126,7 +134,7 @@ class ArtifactStore:
         else:
             root = self.uri
         if uri.startswith(root + "/"):
-            return check_key(uri[len(root) + 1:])
+            return check_key(uri[len(root) + 1 :])
         return None
 
     def local_path(self, key: str) -> Path | None:
@@ -176,24 +184,28 @@ class ArtifactStore:
     def put_bytes(self, key: str, data: bytes) -> ArtifactInfo:
         return self.put_stream(key, [data])
 
-    def put_dir(self, prefix: str, local_dir: str | os.PathLike, *, files: Iterable[str] | None = None,
-                overwrite: bool = False) -> list[ArtifactInfo]:
+    def put_dir(
+        self, prefix: str, local_dir: str | os.PathLike, *, files: Iterable[str] | None = None, overwrite: bool = False
+    ) -> list[ArtifactInfo]:
         """Publish a folder (or the given relative ``files`` of it) under ``prefix``, atomically as a whole.
         An existing folder is refused with ALREADY_EXISTS unless ``overwrite``."""
         prefix = check_key(prefix)
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise validation_failed("not a folder", path=str(local_dir))
-        names = sorted(files) if files is not None else sorted(
-            p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file()
+        names = (
+            sorted(files)
+            if files is not None
+            else sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
         )
         for name in names:
             check_key(name)
         final = self._path(prefix)
         if self.fs.exists(final):
             if not overwrite:
-                raise AlloyError(ErrorCode.ALREADY_EXISTS, f"artifact folder {prefix!r} already exists",
-                                 {"prefix": prefix})
+                raise AlloyError(
+                    ErrorCode.ALREADY_EXISTS, f"artifact folder {prefix!r} already exists", {"prefix": prefix}
+                )
             self.delete_prefix(prefix)
         staging = self._staging_path()
         try:
@@ -208,8 +220,15 @@ class ArtifactStore:
         except BaseException:
             self._discard(staging)
             raise
-        return [ArtifactInfo(key=f"{prefix}/{e['name']}", uri=self.uri_for(f"{prefix}/{e['name']}"),
-                             size=e["size"], sha256=e["sha256"]) for e in entries]
+        return [
+            ArtifactInfo(
+                key=f"{prefix}/{e['name']}",
+                uri=self.uri_for(f"{prefix}/{e['name']}"),
+                size=e["size"],
+                sha256=e["sha256"],
+            )
+            for e in entries
+        ]
 
     def _publish_dir(self, staging: str, final: str, names: list[str]) -> None:
         if self.is_local:
@@ -228,8 +247,7 @@ class ArtifactStore:
         if self.is_local:
             return False  # local folders are published by rename: never half-visible
         parts = key.split("/")
-        return any(self.fs.exists(f"{self.root}/{'/'.join(parts[:i])}/{PENDING_MARKER}")
-                   for i in range(1, len(parts)))
+        return any(self.fs.exists(f"{self.root}/{'/'.join(parts[:i])}/{PENDING_MARKER}") for i in range(1, len(parts)))
 
     def exists(self, key: str) -> bool:
         """A published object, or a published folder."""
@@ -273,8 +291,15 @@ class ArtifactStore:
                 manifest = json.load(handle)
         except FileNotFoundError:
             raise not_found("artifact folder", prefix) from None
-        return [ArtifactInfo(key=f"{prefix}/{e['name']}", uri=self.uri_for(f"{prefix}/{e['name']}"),
-                             size=e["size"], sha256=e["sha256"]) for e in manifest["files"]]
+        return [
+            ArtifactInfo(
+                key=f"{prefix}/{e['name']}",
+                uri=self.uri_for(f"{prefix}/{e['name']}"),
+                size=e["size"],
+                sha256=e["sha256"],
+            )
+            for e in manifest["files"]
+        ]
 
     def list(self, prefix: str = "") -> list[ArtifactInfo]:
         """Published objects under ``prefix``, sorted by key (staging areas and half-published folders hidden)."""
@@ -305,7 +330,7 @@ class ArtifactStore:
         partial = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
         try:
             for info in files:
-                target = partial / info.key[len(prefix) + 1:]
+                target = partial / info.key[len(prefix) + 1 :]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 digest = hashlib.sha256()
                 with self.fs.open(self._path(info.key), "rb") as source, open(target, "wb") as sink:
@@ -370,13 +395,23 @@ class ArtifactCatalog:
     def __init__(self, db: Database, store: ArtifactStore):
         self.db, self.store = db, store
 
-    def record(self, infos: ArtifactInfo | Iterable[ArtifactInfo], *, kind: str | None = None,
-               owner: str | None = None) -> None:
+    def record(
+        self, infos: ArtifactInfo | Iterable[ArtifactInfo], *, kind: str | None = None, owner: str | None = None
+    ) -> None:
         infos = [infos] if isinstance(infos, ArtifactInfo) else list(infos)
         with self.db.session() as session:
             for info in infos:
-                session.merge(ArtifactRow(key=info.key, uri=info.uri, size=info.size, sha256=info.sha256,
-                                          kind=kind, owner=owner, created_at=utcnow()))
+                session.merge(
+                    ArtifactRow(
+                        key=info.key,
+                        uri=info.uri,
+                        size=info.size,
+                        sha256=info.sha256,
+                        kind=kind,
+                        owner=owner,
+                        created_at=utcnow(),
+                    )
+                )
 
     def get(self, key: str) -> ArtifactRecord:
         with self.db.session() as session:
@@ -385,8 +420,9 @@ class ArtifactCatalog:
                 raise not_found("artifact", key)
             return self._record(row)
 
-    def list(self, prefix: str = "", *, kind: str | None = None, owner: str | None = None, offset: int = 0,
-             limit: int = 50) -> Page[ArtifactRecord]:
+    def list(
+        self, prefix: str = "", *, kind: str | None = None, owner: str | None = None, offset: int = 0, limit: int = 50
+    ) -> Page[ArtifactRecord]:
         check_paging(offset, limit)
         query = select(ArtifactRow)
         if prefix:
@@ -398,8 +434,7 @@ class ArtifactCatalog:
         with self.db.session() as session:
             total = session.scalar(select(func.count()).select_from(query.subquery()))
             rows = session.scalars(query.order_by(ArtifactRow.key).offset(offset).limit(limit)).all()
-            return Page[ArtifactRecord](items=[self._record(r) for r in rows], total=total, offset=offset,
-                                        limit=limit)
+            return Page[ArtifactRecord](items=[self._record(r) for r in rows], total=total, offset=offset, limit=limit)
 
     def forget_prefix(self, prefix: str) -> int:
         with self.db.session() as session:
@@ -414,5 +449,12 @@ class ArtifactCatalog:
 
     @staticmethod
     def _record(row: ArtifactRow) -> ArtifactRecord:
-        return ArtifactRecord(key=row.key, uri=row.uri, size=row.size, sha256=row.sha256, kind=row.kind,
-                              owner=row.owner, created_at=row.created_at)
+        return ArtifactRecord(
+            key=row.key,
+            uri=row.uri,
+            size=row.size,
+            sha256=row.sha256,
+            kind=row.kind,
+            owner=row.owner,
+            created_at=row.created_at,
+        )

@@ -33,16 +33,18 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from alloy.errors import AlloyError, ErrorCode
 from alloy.storage.db import Database
 from alloy.storage.db.models import ApiKeyRow
-from alloy.errors import AlloyError, ErrorCode
 
 logger = logging.getLogger("alloy.storage.keys")
 
 KEY_PREFIX = "alloy"
 SCOPES = ("read", "write", "admin")  # ordered: each implies those before it
 _SCOPE_RANK = {scope: rank for rank, scope in enumerate(SCOPES)}
-_KEY_FORMAT = re.compile(r"^alloy_(?P<key_id>[0-9a-f]{16}|cfg[0-9a-f]{13}|bootstrap)_(?P<secret>[A-Za-z0-9_-]{20,200})$")
+_KEY_FORMAT = re.compile(
+    r"^alloy_(?P<key_id>[0-9a-f]{16}|cfg[0-9a-f]{13}|bootstrap)_(?P<secret>[A-Za-z0-9_-]{20,200})$"
+)
 MIN_CONFIGURED_KEY_LENGTH = 32
 MAX_PRESENTED_KEY_LENGTH = 512
 BOOTSTRAP_KEY_ID = "bootstrap"  # fixed, so that replicas racing through the first start create only one key
@@ -102,7 +104,7 @@ class ApiKeyRecord(BaseModel):
         return "active"
 
     @classmethod
-    def from_row(cls, row: ApiKeyRow) -> "ApiKeyRecord":
+    def from_row(cls, row: ApiKeyRow) -> ApiKeyRecord:
         return cls(
             key_id=row.key_id,
             owner=row.owner,
@@ -265,12 +267,17 @@ class ApiKeyStore:
         old = self.get(key_id)
         if old.status(self.clock()) != "active":
             raise AlloyError(
-                ErrorCode.CONFLICT, f"api key {key_id!r} is {old.status(self.clock())}; only an active key can be rotated",
+                ErrorCode.CONFLICT,
+                f"api key {key_id!r} is {old.status(self.clock())}; only an active key can be rotated",
                 {"key_id": key_id},
             )
         record, plaintext = self.create(
-            old.owner, old.scopes, read_limit=old.read_limit, jobs_limit=old.jobs_limit,
-            expires_at=old.expires_at, rotated_from=key_id,
+            old.owner,
+            old.scopes,
+            read_limit=old.read_limit,
+            jobs_limit=old.jobs_limit,
+            expires_at=old.expires_at,
+            rotated_from=key_id,
         )
         cutoff = self.clock() + timedelta(seconds=grace_seconds)
         with self.db.session() as session:
@@ -278,7 +285,9 @@ class ApiKeyStore:
             assert row is not None
             if row.expires_at is None or row.expires_at > cutoff:
                 row.expires_at = cutoff
-        logger.info("api key rotated old_key_id=%s new_key_id=%s grace_seconds=%s", key_id, record.key_id, grace_seconds)
+        logger.info(
+            "api key rotated old_key_id=%s new_key_id=%s grace_seconds=%s", key_id, record.key_id, grace_seconds
+        )
         return record, plaintext
 
     # -- verification ---------------------------------------------------------------------------------------
@@ -342,7 +351,9 @@ class ApiKeyStore:
             row = session.get(ApiKeyRow, key_id)
         if row is not None:
             if not hmac.compare_digest(row.secret_hash, _hash_secret(key_id, secret)):
-                raise AlloyError(ErrorCode.CONFLICT, f"api key id {key_id!r} exists with another secret", {"key_id": key_id})
+                raise AlloyError(
+                    ErrorCode.CONFLICT, f"api key id {key_id!r} exists with another secret", {"key_id": key_id}
+                )
             if row.revoked_at is not None:
                 logger.warning("configured admin key key_id=%s is revoked; not restoring it", key_id)
             return None

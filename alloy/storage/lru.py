@@ -66,6 +66,11 @@ class LruCache(Generic[V]):
     def stats(self) -> CacheStats:
         with self._lock:
             lookups = self._hits + self._misses
-            return CacheStats(entries=len(self._entries), size=int(self._entries.currsize), capacity=self.capacity,
-                              hits=self._hits, misses=self._misses,
-                              hit_rate=(self._hits / lookups) if lookups else 0.0)
+            return CacheStats(
+                entries=len(self._entries),
+                size=int(self._entries.currsize),
+                capacity=self.capacity,
+                hits=self._hits,
+                misses=self._misses,
+                hit_rate=(self._hits / lookups) if lookups else 0.0,
+            )

@@ -16,11 +16,11 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
+from alloy.errors import not_found, validation_failed
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import ExperimentRecordRow, ExperimentRow, TrackerLogRow, TrialRow
 from alloy.storage.db.page import check_paging
 from alloy.storage.db.types import utcnow
-from alloy.errors import not_found, validation_failed
 
 
 class Experiment(BaseModel):
@@ -66,14 +66,23 @@ class ExperimentTracker:
         self._known: set[str] = set()
 
     # -- experiments (written at once) ----------------------------------------------------------------------
-    def create_experiment(self, name: str, kind: str, params: dict[str, Any] | None = None,
-                          owner: str | None = None, experiment_id: str | None = None) -> str:
+    def create_experiment(
+        self,
+        name: str,
+        kind: str,
+        params: dict[str, Any] | None = None,
+        owner: str | None = None,
+        experiment_id: str | None = None,
+    ) -> str:
         experiment_id = experiment_id or uuid.uuid4().hex
         if not name:
             raise validation_failed("an experiment needs a name")
         with self.db.session() as session:
-            session.add(ExperimentRow(id=experiment_id, name=name, kind=kind, params=params or {}, owner=owner,
-                                      created_at=utcnow()))
+            session.add(
+                ExperimentRow(
+                    id=experiment_id, name=name, kind=kind, params=params or {}, owner=owner, created_at=utcnow()
+                )
+            )
         self._known.add(experiment_id)
         return experiment_id
 
@@ -84,8 +93,9 @@ class ExperimentTracker:
                 raise not_found("experiment", experiment_id)
             return Experiment.model_validate(row, from_attributes=True)
 
-    def list_experiments(self, offset: int = 0, limit: int = 50, *, kind: str | None = None,
-                         owner: str | None = None) -> Page[Experiment]:
+    def list_experiments(
+        self, offset: int = 0, limit: int = 50, *, kind: str | None = None, owner: str | None = None
+    ) -> Page[Experiment]:
         check_paging(offset, limit)
         query = select(ExperimentRow)
         if kind is not None:
@@ -97,8 +107,12 @@ class ExperimentTracker:
             rows = session.scalars(
                 query.order_by(ExperimentRow.created_at.desc(), ExperimentRow.id).offset(offset).limit(limit)
             ).all()
-            return Page[Experiment](items=[Experiment.model_validate(r, from_attributes=True) for r in rows],
-                                    total=total, offset=offset, limit=limit)
+            return Page[Experiment](
+                items=[Experiment.model_validate(r, from_attributes=True) for r in rows],
+                total=total,
+                offset=offset,
+                limit=limit,
+            )
 
     def _require(self, experiment_id: str) -> None:
         if experiment_id not in self._known:
@@ -106,19 +120,51 @@ class ExperimentTracker:
             self._known.add(experiment_id)
 
     # -- buffered writes ------------------------------------------------------------------------------------
-    def log_result(self, experiment_id: str, model_id: str, dataset_id: str | None, split: str | None,
-                   metric: str, value: float, duration_s: float | None = None) -> None:
+    def log_result(
+        self,
+        experiment_id: str,
+        model_id: str,
+        dataset_id: str | None,
+        split: str | None,
+        metric: str,
+        value: float,
+        duration_s: float | None = None,
+    ) -> None:
         self._require(experiment_id)
-        result = MetricResult(experiment_id=experiment_id, model_id=model_id, dataset_id=dataset_id, split=split,
-                              metric=metric, value=value, duration_s=duration_s, created_at=utcnow())
+        result = MetricResult(
+            experiment_id=experiment_id,
+            model_id=model_id,
+            dataset_id=dataset_id,
+            split=split,
+            metric=metric,
+            value=value,
+            duration_s=duration_s,
+            created_at=utcnow(),
+        )
         with self._lock:
             self._results.append(result)
 
-    def record_trial(self, experiment_id: str, trial_id: str, generation: int, genome: dict[str, Any],
-                     recipe: dict[str, Any], metrics: dict[str, Any], parent_trial: str | None = None) -> None:
+    def record_trial(
+        self,
+        experiment_id: str,
+        trial_id: str,
+        generation: int,
+        genome: dict[str, Any],
+        recipe: dict[str, Any],
+        metrics: dict[str, Any],
+        parent_trial: str | None = None,
+    ) -> None:
         self._require(experiment_id)
-        trial = Trial(experiment_id=experiment_id, trial_id=trial_id, generation=generation, genome=genome,
-                      recipe=recipe, metrics=metrics, parent_trial=parent_trial, created_at=utcnow())
+        trial = Trial(
+            experiment_id=experiment_id,
+            trial_id=trial_id,
+            generation=generation,
+            genome=genome,
+            recipe=recipe,
+            metrics=metrics,
+            parent_trial=parent_trial,
+            created_at=utcnow(),
+        )
         with self._lock:
             self._trials[(experiment_id, trial_id)] = trial
 
@@ -161,8 +207,11 @@ class ExperimentTracker:
     def results(self, experiment_id: str) -> list[MetricResult]:
         self._require(experiment_id)
         with self.db.session() as session:
-            rows = session.scalars(select(ExperimentRecordRow).where(
-                ExperimentRecordRow.experiment_id == experiment_id).order_by(ExperimentRecordRow.id)).all()
+            rows = session.scalars(
+                select(ExperimentRecordRow)
+                .where(ExperimentRecordRow.experiment_id == experiment_id)
+                .order_by(ExperimentRecordRow.id)
+            ).all()
             flushed = [MetricResult.model_validate(r, from_attributes=True) for r in rows]
         with self._lock:
             return flushed + [r for r in self._results if r.experiment_id == experiment_id]

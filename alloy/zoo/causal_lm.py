@@ -36,8 +36,22 @@ FINETUNE_STEPS = 30
 FINETUNE_LR = 3e-4
 MIN_GAIN = 0.05  # relative dev-perplexity improvement a fine-tune must show to be kept
 ENGLISH_COLLECTIONS = ("wisdom", "people", "literature", "art", "education", "men-women")
-CODE_MODULES = ("textwrap.py", "json/decoder.py", "csv.py", "shlex.py", "fractions.py", "heapq.py", "bisect.py",
-                "calendar.py", "string.py", "glob.py", "fnmatch.py", "base64.py", "difflib.py", "argparse.py")
+CODE_MODULES = (
+    "textwrap.py",
+    "json/decoder.py",
+    "csv.py",
+    "shlex.py",
+    "fractions.py",
+    "heapq.py",
+    "bisect.py",
+    "calendar.py",
+    "string.py",
+    "glob.py",
+    "fnmatch.py",
+    "base64.py",
+    "difflib.py",
+    "argparse.py",
+)
 
 
 def check_sources() -> None:
@@ -58,7 +72,7 @@ def _glosses(root: Path, rng: random.Random) -> list[str]:
     synsets = [s for s in read_synsets(root, "noun") if len(s.definition) > 30]
     rng.shuffle(synsets)
     lines = [f"{s.words[0]}: {s.definition}." for s in synsets[:3000]]
-    return [" ".join(lines[i: i + 3]) for i in range(0, len(lines), 3)]
+    return [" ".join(lines[i : i + 3]) for i in range(0, len(lines), 3)]
 
 
 def _code() -> list[str]:
@@ -70,7 +84,7 @@ def _code() -> list[str]:
             continue
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         for start in range(0, len(lines), 12):
-            chunk = "\n".join(lines[start: start + 12]).strip()
+            chunk = "\n".join(lines[start : start + 12]).strip()
             if len(chunk) > 200:
                 chunks.append(chunk)
     return chunks
@@ -78,8 +92,12 @@ def _code() -> list[str]:
 
 def domain_texts(seed: int) -> dict[str, list[str]]:
     rng = random.Random(seed)
-    return {"english": _english(fortunes_dir()), "german": _german(fortunes_dir()),
-            "glosses": _glosses(wordnet_dir(), rng), "code": _code()}
+    return {
+        "english": _english(fortunes_dir()),
+        "german": _german(fortunes_dir()),
+        "glosses": _glosses(wordnet_dir(), rng),
+        "code": _code(),
+    }
 
 
 def _splits(texts: list[str], rng: random.Random) -> dict[str, list[str]]:
@@ -90,7 +108,7 @@ def _splits(texts: list[str], rng: random.Random) -> dict[str, list[str]]:
     rng.shuffle(unique)
     out, start = {}, 0
     for split, count in SPLIT_SIZES.items():
-        out[split] = unique[start: start + count]
+        out[split] = unique[start : start + count]
         start += count
     return out
 
@@ -128,7 +146,9 @@ def build(staging: Path, *, seed: int = 0) -> PresetManifest:
     base_model, tokenizer = convert_gguf(base_dir)
     convert_s = time.perf_counter() - started
     base_id = f"{ID_PREFIX}-base"
-    models = [ModelEntry(model_id=base_id, path=base_dir, role="base", description="SmolLM2-135M-Instruct (GGUF Q4_1, fp32)")]
+    models = [
+        ModelEntry(model_id=base_id, path=base_dir, role="base", description="SmolLM2-135M-Instruct (GGUF Q4_1, fp32)")
+    ]
 
     datasets, splits_by_domain = [], {}
     for domain, texts in domain_texts(seed).items():
@@ -138,9 +158,15 @@ def build(staging: Path, *, seed: int = 0) -> PresetManifest:
         folder.mkdir(parents=True)
         for split, rows in splits.items():
             write_split(folder / f"{split}.parquet", {"text": rows})
-        datasets.append(DatasetEntry(dataset_id=f"{ID_PREFIX}-ppl-{domain}", path=folder, splits=list(splits),
-                                     task={"type": "perplexity", "text_field": "text", "max_length": MAX_TOKENS},
-                                     description=f"{domain} text (perplexity)"))
+        datasets.append(
+            DatasetEntry(
+                dataset_id=f"{ID_PREFIX}-ppl-{domain}",
+                path=folder,
+                splits=list(splits),
+                task={"type": "perplexity", "text_field": "text", "max_length": MAX_TOKENS},
+                description=f"{domain} text (perplexity)",
+            )
+        )
 
     pad_id = pad_id_of(tokenizer)
     finetunes: dict[str, dict] = {}
@@ -149,24 +175,63 @@ def build(staging: Path, *, seed: int = 0) -> PresetManifest:
         before, _ = perplexity(base_model, dev, pad_id)
         t0 = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-        losses = finetune_causal_lm(model, tokenizer, splits_by_domain[domain]["train"], max_length=MAX_TOKENS,
-                                    steps=FINETUNE_STEPS, learning_rate=FINETUNE_LR, batch_size=4, seed=seed,
-                                    trainable=_top_layers(model.config.num_hidden_layers))
+        losses = finetune_causal_lm(
+            model,
+            tokenizer,
+            splits_by_domain[domain]["train"],
+            max_length=MAX_TOKENS,
+            steps=FINETUNE_STEPS,
+            learning_rate=FINETUNE_LR,
+            batch_size=4,
+            seed=seed,
+            trainable=_top_layers(model.config.num_hidden_layers),
+        )
         after, _ = perplexity(model, dev, pad_id)
         gain = 1 - after / before
         kept = gain >= MIN_GAIN
-        finetunes[domain] = {"dev_ppl_before": round(before, 3), "dev_ppl_after": round(after, 3), "gain": round(gain, 4),
-                             "kept": kept, "seconds": round(time.perf_counter() - t0, 1), "loss_first_last": [losses[0], losses[-1]]}
-        log.info("causal-lm fine-tune %s: dev ppl %.2f -> %.2f (%s)", domain, before, after, "kept" if kept else "dropped")
+        finetunes[domain] = {
+            "dev_ppl_before": round(before, 3),
+            "dev_ppl_after": round(after, 3),
+            "gain": round(gain, 4),
+            "kept": kept,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "loss_first_last": [losses[0], losses[-1]],
+        }
+        log.info(
+            "causal-lm fine-tune %s: dev ppl %.2f -> %.2f (%s)", domain, before, after, "kept" if kept else "dropped"
+        )
         if kept:
             out_dir = staging / "models" / f"ft-{domain}"
             model.save_pretrained(str(out_dir), safe_serialization=True)
             tokenizer.save_pretrained(str(out_dir))
-            models.append(ModelEntry(model_id=f"{ID_PREFIX}-ft-{domain}", path=out_dir, role="finetune",
-                                     task=f"{ID_PREFIX}-ppl-{domain}", base_model_id=base_id,
-                                     description=f"SmolLM2-135M, top {TOP_LAYERS} layers trained on {domain}"))
+            models.append(
+                ModelEntry(
+                    model_id=f"{ID_PREFIX}-ft-{domain}",
+                    path=out_dir,
+                    role="finetune",
+                    task=f"{ID_PREFIX}-ppl-{domain}",
+                    base_model_id=base_id,
+                    description=f"SmolLM2-135M, top {TOP_LAYERS} layers trained on {domain}",
+                )
+            )
         del model
-    return PresetManifest(preset=PRESET, seed=seed, root=staging, models=models, datasets=datasets, build_seconds=0.0,
-                          details={"convert_seconds": round(convert_s, 1), "finetunes": finetunes,
-                                   "recipe": {"top_layers": TOP_LAYERS, "steps": FINETUNE_STEPS, "lr": FINETUNE_LR,
-                                              "batch_size": 4, "max_tokens": MAX_TOKENS, "min_gain": MIN_GAIN}})
+    return PresetManifest(
+        preset=PRESET,
+        seed=seed,
+        root=staging,
+        models=models,
+        datasets=datasets,
+        build_seconds=0.0,
+        details={
+            "convert_seconds": round(convert_s, 1),
+            "finetunes": finetunes,
+            "recipe": {
+                "top_layers": TOP_LAYERS,
+                "steps": FINETUNE_STEPS,
+                "lr": FINETUNE_LR,
+                "batch_size": 4,
+                "max_tokens": MAX_TOKENS,
+                "min_gain": MIN_GAIN,
+            },
+        },
+    )

@@ -27,7 +27,9 @@ def char_tokenizer(style: Literal["encoder", "causal_lm"]):
             tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
         )
     # Causal LM: "[CLS]" doubles as the beginning-of-text token so the first character is predicted too.
-    backend.post_processor = processors.TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", vocab["[CLS]"])])
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A", special_tokens=[("[CLS]", vocab["[CLS]"])]
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", bos_token="[CLS]", eos_token="[SEP]"
     )

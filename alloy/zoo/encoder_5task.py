@@ -52,13 +52,18 @@ def prototype_task_dict(task: TextTask, scale: float = DEFAULT_SCALE) -> dict:
     }
 
 
-def write_classification_dataset(folder: Path, task: TextTask, prototypes: torch.Tensor, dataset_id: str) -> DatasetEntry:
+def write_classification_dataset(
+    folder: Path, task: TextTask, prototypes: torch.Tensor, dataset_id: str
+) -> DatasetEntry:
     folder.mkdir(parents=True)
     for split, examples in task.splits.items():
         write_split(folder / f"{split}.parquet", {"text": [t for t, _ in examples], "label": [y for _, y in examples]})
     save_file({"prototypes": prototypes.contiguous()}, str(folder / HEAD_FILE))
     return DatasetEntry(
-        dataset_id=dataset_id, path=folder, splits=list(task.splits), task=prototype_task_dict(task),
+        dataset_id=dataset_id,
+        path=folder,
+        splits=list(task.splits),
+        task=prototype_task_dict(task),
         description=task.description,
     )
 
@@ -71,7 +76,9 @@ def load_encoder(folder: Path):
     return model, AutoTokenizer.from_pretrained(str(folder))
 
 
-def build(staging: Path, *, seed: int = 0, recipe: FineTuneRecipe | None = None, tasks: list[str] | None = None) -> PresetManifest:
+def build(
+    staging: Path, *, seed: int = 0, recipe: FineTuneRecipe | None = None, tasks: list[str] | None = None
+) -> PresetManifest:
     check_sources()
     recipe = recipe or FineTuneRecipe(seed=seed)
     text_tasks = build_text_tasks(wordnet_dir(), fortunes_dir(), seed=seed)
@@ -88,7 +95,9 @@ def build(staging: Path, *, seed: int = 0, recipe: FineTuneRecipe | None = None,
     timings = {}
     for name, task in text_tasks.items():
         prototypes = build_prototypes(base_model, tokenizer, task.label_texts)
-        datasets.append(write_classification_dataset(staging / "datasets" / name, task, prototypes, f"{ID_PREFIX}-{task_id(name)}"))
+        datasets.append(
+            write_classification_dataset(staging / "datasets" / name, task, prototypes, f"{ID_PREFIX}-{task_id(name)}")
+        )
 
         started = time.perf_counter()
         model, _ = load_encoder(base_dir)
@@ -99,11 +108,22 @@ def build(staging: Path, *, seed: int = 0, recipe: FineTuneRecipe | None = None,
         tokenizer.save_pretrained(str(out_dir))
         timings[name] = round(time.perf_counter() - started, 1)
         log.info("fine-tuned %s in %.1fs (loss %.3f -> %.3f)", name, timings[name], losses[0], losses[-1])
-        models.append(ModelEntry(
-            model_id=f"{ID_PREFIX}-ft-{task_id(name)}", path=out_dir, role="finetune", task=f"{ID_PREFIX}-{task_id(name)}",
-            base_model_id=base_id, description=f"all-MiniLM-L6-v2 fine-tuned on {name}",
-        ))
+        models.append(
+            ModelEntry(
+                model_id=f"{ID_PREFIX}-ft-{task_id(name)}",
+                path=out_dir,
+                role="finetune",
+                task=f"{ID_PREFIX}-{task_id(name)}",
+                base_model_id=base_id,
+                description=f"all-MiniLM-L6-v2 fine-tuned on {name}",
+            )
+        )
     return PresetManifest(
-        preset=PRESET, seed=seed, root=staging, models=models, datasets=datasets, build_seconds=0.0,
+        preset=PRESET,
+        seed=seed,
+        root=staging,
+        models=models,
+        datasets=datasets,
+        build_seconds=0.0,
         details={"recipe": recipe.model_dump(), "finetune_seconds": timings},
     )

@@ -62,7 +62,7 @@ def finetune_encoder(
     batches: list[list[int]] = []
     losses = []
     model.train()
-    for step in range(recipe.steps):
+    for _step in range(recipe.steps):
         if not batches:
             batches = length_grouped_batches(lengths, recipe.batch_size, rng)
         batch = batches.pop()

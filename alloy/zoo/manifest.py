@@ -62,7 +62,11 @@ class PresetManifest(BaseModel):
         return next(m for m in self.models if m.role == "base")
 
     def finetunes(self, base_model_id: str | None = None) -> list[ModelEntry]:
-        return [m for m in self.models if m.role == "finetune" and (base_model_id is None or m.base_model_id == base_model_id)]
+        return [
+            m
+            for m in self.models
+            if m.role == "finetune" and (base_model_id is None or m.base_model_id == base_model_id)
+        ]
 
     def save(self) -> None:
         """Write with paths relative to ``root`` so the folder can move."""
@@ -73,7 +77,7 @@ class PresetManifest(BaseModel):
         (self.root / MANIFEST_FILE).write_text(json.dumps(data, indent=2))
 
     @classmethod
-    def load(cls, root: Path) -> "PresetManifest":
+    def load(cls, root: Path) -> PresetManifest:
         data = json.loads((root / MANIFEST_FILE).read_text())
         for entry in data["models"] + data["datasets"]:
             entry["path"] = str((root / entry["path"]).resolve())
@@ -88,9 +92,7 @@ def built_preset(root: Path) -> PresetManifest | None:
     return PresetManifest.load(root) if (root / MANIFEST_FILE).exists() else None
 
 
-def build_atomically(
-    root: Path, builder: Callable[[Path], PresetManifest], *, force: bool = False
-) -> PresetManifest:
+def build_atomically(root: Path, builder: Callable[[Path], PresetManifest], *, force: bool = False) -> PresetManifest:
     """Reuse a finished build at ``root``; otherwise run ``builder(staging)`` and rename staging to ``root``."""
     if not force and (existing := built_preset(root)) is not None:
         return existing

@@ -60,11 +60,15 @@ def load_preset(name: str, data_dir: str | Path) -> PresetManifest:
     _module(name)
     manifest = built_preset(preset_root(name, data_dir))
     if manifest is None:
-        raise AlloyError(ErrorCode.NOT_FOUND, f"preset {name!r} is not built; run: alloy zoo build {name}", {"preset": name})
+        raise AlloyError(
+            ErrorCode.NOT_FOUND, f"preset {name!r} is not built; run: alloy zoo build {name}", {"preset": name}
+        )
     return manifest
 
 
-def register_preset(manifest: PresetManifest, models_registry, datasets_registry, *, store=None) -> dict[str, list[str]]:
+def register_preset(
+    manifest: PresetManifest, models_registry, datasets_registry, *, store=None
+) -> dict[str, list[str]]:
     """Register every model and dataset of a built preset; ids already registered are left as they are.
 
     With an ArtifactStore, prototype heads are uploaded and referenced by ``head_artifact``; without one the
@@ -73,15 +77,21 @@ def register_preset(manifest: PresetManifest, models_registry, datasets_registry
     for entry in manifest.models:
         if models_registry.exists(entry.model_id):
             continue
-        lineage = {"base_model": entry.base_model_id, "task": entry.task, "preset": manifest.preset} if entry.base_model_id else None
+        lineage = (
+            {"base_model": entry.base_model_id, "task": entry.task, "preset": manifest.preset}
+            if entry.base_model_id
+            else None
+        )
         models_registry.register(entry.model_id, str(entry.path), lineage=lineage)
         registered["models"].append(entry.model_id)
     for entry in manifest.datasets:
         if _dataset_exists(datasets_registry, entry.dataset_id):
             continue
         datasets_registry.register(
-            entry.dataset_id, {split: str(entry.split_path(split)) for split in entry.splits},
-            task=_registered_task(manifest, entry, store), description=entry.description,
+            entry.dataset_id,
+            {split: str(entry.split_path(split)) for split in entry.splits},
+            task=_registered_task(manifest, entry, store),
+            description=entry.description,
         )
         registered["datasets"].append(entry.dataset_id)
     return registered

@@ -11,13 +11,51 @@ from pathlib import Path
 
 # WordNet 3.0 lexicographer files, by number (lexnames(5WN)); Debian's wordnet-base omits the lexnames file.
 LEXNAMES = [
-    "adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal", "noun.artifact", "noun.attribute",
-    "noun.body", "noun.cognition", "noun.communication", "noun.event", "noun.feeling", "noun.food", "noun.group",
-    "noun.location", "noun.motive", "noun.object", "noun.person", "noun.phenomenon", "noun.plant",
-    "noun.possession", "noun.process", "noun.quantity", "noun.relation", "noun.shape", "noun.state",
-    "noun.substance", "noun.time", "verb.body", "verb.change", "verb.cognition", "verb.communication",
-    "verb.competition", "verb.consumption", "verb.contact", "verb.creation", "verb.emotion", "verb.motion",
-    "verb.perception", "verb.possession", "verb.social", "verb.stative", "verb.weather", "adj.ppl",
+    "adj.all",
+    "adj.pert",
+    "adv.all",
+    "noun.Tops",
+    "noun.act",
+    "noun.animal",
+    "noun.artifact",
+    "noun.attribute",
+    "noun.body",
+    "noun.cognition",
+    "noun.communication",
+    "noun.event",
+    "noun.feeling",
+    "noun.food",
+    "noun.group",
+    "noun.location",
+    "noun.motive",
+    "noun.object",
+    "noun.person",
+    "noun.phenomenon",
+    "noun.plant",
+    "noun.possession",
+    "noun.process",
+    "noun.quantity",
+    "noun.relation",
+    "noun.shape",
+    "noun.state",
+    "noun.substance",
+    "noun.time",
+    "verb.body",
+    "verb.change",
+    "verb.cognition",
+    "verb.communication",
+    "verb.competition",
+    "verb.consumption",
+    "verb.contact",
+    "verb.creation",
+    "verb.emotion",
+    "verb.motion",
+    "verb.perception",
+    "verb.possession",
+    "verb.social",
+    "verb.stative",
+    "verb.weather",
+    "adj.ppl",
 ]
 
 _DOMAIN_MARKER = re.compile(r"^\s*\([^)]*\)\s*")
@@ -85,6 +123,7 @@ def read_fortunes(path: Path, *, min_chars: int = 20, max_chars: int = 300) -> l
 def fortune_files(folder: Path) -> list[Path]:
     """The fortune text files of a folder (no ``.dat`` indexes, no ``.u8`` twins, no sub-folders)."""
     return sorted(
-        p for p in folder.iterdir()
+        p
+        for p in folder.iterdir()
         if p.is_file() and p.suffix not in (".dat", ".u8") and not p.name.endswith("-pre") and not p.is_symlink()
     )

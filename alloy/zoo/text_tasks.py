@@ -36,12 +36,34 @@ class SplitSizes:
         return self.train + self.dev + self.test
 
 
-NOUN_CLASSES = ["noun.animal", "noun.artifact", "noun.body", "noun.food", "noun.location", "noun.person",
-                "noun.plant", "noun.substance"]
-VERB_CLASSES = ["verb.body", "verb.change", "verb.cognition", "verb.communication", "verb.contact",
-                "verb.creation", "verb.motion", "verb.social"]
-FORTUNE_TOPICS = {"computers": "computers", "politics": "politics", "science": "science",
-                  "songs-poems": "songs and poems", "startrek": "star trek", "work": "work"}
+NOUN_CLASSES = [
+    "noun.animal",
+    "noun.artifact",
+    "noun.body",
+    "noun.food",
+    "noun.location",
+    "noun.person",
+    "noun.plant",
+    "noun.substance",
+]
+VERB_CLASSES = [
+    "verb.body",
+    "verb.change",
+    "verb.cognition",
+    "verb.communication",
+    "verb.contact",
+    "verb.creation",
+    "verb.motion",
+    "verb.social",
+]
+FORTUNE_TOPICS = {
+    "computers": "computers",
+    "politics": "politics",
+    "science": "science",
+    "songs-poems": "songs and poems",
+    "startrek": "star trek",
+    "work": "work",
+}
 LANGUAGES = {"en": "English", "de": "German", "es": "Spanish", "it": "Italian"}
 
 SIZES = {
@@ -61,8 +83,8 @@ def _split_balanced(per_class: list[list[str]], sizes: SplitSizes, rng: random.R
             raise ValueError(f"class {label} has {len(unique)} texts, needs {sizes.total}")
         rng.shuffle(unique)
         splits["train"] += [(t, label) for t in unique[: sizes.train]]
-        splits["dev"] += [(t, label) for t in unique[sizes.train: sizes.train + sizes.dev]]
-        splits["test"] += [(t, label) for t in unique[sizes.train + sizes.dev: sizes.total]]
+        splits["dev"] += [(t, label) for t in unique[sizes.train : sizes.train + sizes.dev]]
+        splits["test"] += [(t, label) for t in unique[sizes.train + sizes.dev : sizes.total]]
     for examples in splits.values():
         rng.shuffle(examples)
     return splits
@@ -89,8 +111,9 @@ def _domain_task(nouns: list[Synset], others: list[Synset], rng: random.Random, 
         if target is not None:
             grouped.setdefault(target.words[0], []).append(strip_domain_marker(s.definition))
     needed = SIZES["wn_domain"].total
-    ranked = sorted((d for d, texts in grouped.items() if len(set(texts)) >= needed),
-                    key=lambda d: (-len(grouped[d]), d))[:classes]
+    ranked = sorted(
+        (d for d, texts in grouped.items() if len(set(texts)) >= needed), key=lambda d: (-len(grouped[d]), d)
+    )[:classes]
     ranked.sort()
     return TextTask(
         name="wn_domain",

@@ -17,20 +17,36 @@ def tiny_config(arch: Architecture, *, layers: int = 2, hidden: int = 32, vocab:
 
     if arch == "llama":
         return transformers.LlamaConfig(
-            vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
         )
     if arch == "mistral":
         return transformers.MistralConfig(
-            vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, sliding_window=64,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            sliding_window=64,
         )
     if arch == "gpt2":
         return transformers.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=128)
     if arch == "bert":
         return transformers.BertConfig(
-            vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-            num_attention_heads=4, max_position_embeddings=128,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            max_position_embeddings=128,
         )
     raise ValueError(f"unknown tiny architecture {arch!r}")
 

@@ -42,11 +42,15 @@ def _mixed_text(rng: random.Random, alphabet: str, noise: str, share: float, len
     return "".join(chars).strip()
 
 
-def _classification_splits(rng: random.Random, classes: list[tuple[str, str]], share: float) -> dict[str, list[tuple[str, int]]]:
+def _classification_splits(
+    rng: random.Random, classes: list[tuple[str, str]], share: float
+) -> dict[str, list[tuple[str, int]]]:
     splits = {name: [] for name in SIZES}
     for label, (alphabet, noise) in enumerate(classes):
         for name, count in SIZES.items():
-            splits[name] += [(_mixed_text(rng, alphabet, noise, share, rng.randint(12, 30)), label) for _ in range(count)]
+            splits[name] += [
+                (_mixed_text(rng, alphabet, noise, share, rng.randint(12, 30)), label) for _ in range(count)
+            ]
     for examples in splits.values():
         rng.shuffle(examples)
     return splits
@@ -56,7 +60,10 @@ def _encoder_tasks(rng: random.Random) -> dict[str, tuple[list[str], dict]]:
     lower = string.ascii_lowercase
     return {
         "letters": (["a-h", "i-p", "q-x"], _classification_splits(rng, [(g, lower) for g in LETTER_GROUPS], 0.4)),
-        "case": (["lower", "upper"], _classification_splits(rng, [(lower, string.ascii_uppercase), (string.ascii_uppercase, lower)], 0.6)),
+        "case": (
+            ["lower", "upper"],
+            _classification_splits(rng, [(lower, string.ascii_uppercase), (string.ascii_uppercase, lower)], 0.6),
+        ),
     }
 
 
@@ -90,7 +97,9 @@ def _build_encoders(staging: Path, seed: int, rng: random.Random) -> tuple[list[
     tokenizer = char_tokenizer("encoder")
     # Saved without the pooler, like every fine-tune, so base and fine-tunes hold the same tensors.
     random_dir = build_tiny_model(staging / "random-bert", "bert", seed=seed)
-    base_dir = _save(BertModel.from_pretrained(str(random_dir), add_pooling_layer=False), tokenizer, staging / "models" / "enc-base")
+    base_dir = _save(
+        BertModel.from_pretrained(str(random_dir), add_pooling_layer=False), tokenizer, staging / "models" / "enc-base"
+    )
     shutil.rmtree(random_dir)
     models = [ModelEntry(model_id="tiny-enc-base", path=base_dir, role="base", description="random tiny BERT")]
     datasets = []
@@ -101,17 +110,49 @@ def _build_encoders(staging: Path, seed: int, rng: random.Random) -> tuple[list[
         folder = staging / "datasets" / f"enc-{name}"
         folder.mkdir(parents=True)
         for split, examples in splits.items():
-            write_split(folder / f"{split}.parquet", {"text": [t for t, _ in examples], "label": [y for _, y in examples]})
+            write_split(
+                folder / f"{split}.parquet", {"text": [t for t, _ in examples], "label": [y for _, y in examples]}
+            )
         save_file({"prototypes": prototypes.contiguous()}, str(folder / "head.safetensors"))
-        task = {"type": "classification", "model_kind": "encoder", "text_field": "text", "label_field": "label",
-                "labels": labels, "head": "prototypes", "head_file": "head.safetensors", "scale": 25.0, "max_length": 64}
-        datasets.append(DatasetEntry(dataset_id=f"tiny-{name}", path=folder, splits=list(splits), task=task,
-                                     description=f"synthetic {name} classification"))
-        finetune_encoder(base, tokenizer, texts, targets, prototypes, 64,
-                         FineTuneRecipe(learning_rate=2e-3, steps=40, seed=seed, freeze_word_embeddings=False))
-        models.append(ModelEntry(model_id=f"tiny-enc-ft-{name}", path=_save(base, tokenizer, staging / "models" / f"enc-ft-{name}"),
-                                 role="finetune", task=f"tiny-{name}", base_model_id="tiny-enc-base",
-                                 description=f"tiny BERT fine-tuned on {name}"))
+        task = {
+            "type": "classification",
+            "model_kind": "encoder",
+            "text_field": "text",
+            "label_field": "label",
+            "labels": labels,
+            "head": "prototypes",
+            "head_file": "head.safetensors",
+            "scale": 25.0,
+            "max_length": 64,
+        }
+        datasets.append(
+            DatasetEntry(
+                dataset_id=f"tiny-{name}",
+                path=folder,
+                splits=list(splits),
+                task=task,
+                description=f"synthetic {name} classification",
+            )
+        )
+        finetune_encoder(
+            base,
+            tokenizer,
+            texts,
+            targets,
+            prototypes,
+            64,
+            FineTuneRecipe(learning_rate=2e-3, steps=40, seed=seed, freeze_word_embeddings=False),
+        )
+        models.append(
+            ModelEntry(
+                model_id=f"tiny-enc-ft-{name}",
+                path=_save(base, tokenizer, staging / "models" / f"enc-ft-{name}"),
+                role="finetune",
+                task=f"tiny-{name}",
+                base_model_id="tiny-enc-base",
+                description=f"tiny BERT fine-tuned on {name}",
+            )
+        )
     return models, datasets
 
 
@@ -129,14 +170,27 @@ def _build_causal_lms(staging: Path, seed: int, rng: random.Random) -> tuple[lis
         folder.mkdir(parents=True)
         for split in ("dev", "test"):
             write_split(folder / f"{split}.parquet", {"text": [make(rng) for _ in range(24)]})
-        datasets.append(DatasetEntry(dataset_id=f"tiny-ppl-{name}", path=folder, splits=["dev", "test"],
-                                     task={"type": "perplexity", "text_field": "text", "max_length": 64},
-                                     description=f"synthetic {name} text (perplexity)"))
+        datasets.append(
+            DatasetEntry(
+                dataset_id=f"tiny-ppl-{name}",
+                path=folder,
+                splits=["dev", "test"],
+                task={"type": "perplexity", "text_field": "text", "max_length": 64},
+                description=f"synthetic {name} text (perplexity)",
+            )
+        )
         model = AutoModelForCausalLM.from_pretrained(str(base_dir)).eval()
         finetune_causal_lm(model, tokenizer, train, max_length=64, steps=40, learning_rate=3e-3, seed=seed)
-        models.append(ModelEntry(model_id=f"tiny-lm-ft-{name}", path=_save(model, tokenizer, staging / "models" / f"lm-ft-{name}"),
-                                 role="finetune", task=f"tiny-ppl-{name}", base_model_id="tiny-lm-base",
-                                 description=f"tiny llama trained on {name} text"))
+        models.append(
+            ModelEntry(
+                model_id=f"tiny-lm-ft-{name}",
+                path=_save(model, tokenizer, staging / "models" / f"lm-ft-{name}"),
+                role="finetune",
+                task=f"tiny-ppl-{name}",
+                base_model_id="tiny-lm-base",
+                description=f"tiny llama trained on {name} text",
+            )
+        )
     # Log-likelihood classification: which kind of text is this?
     folder = staging / "datasets" / "lm-kind"
     folder.mkdir(parents=True)
@@ -144,12 +198,26 @@ def _build_causal_lms(staging: Path, seed: int, rng: random.Random) -> tuple[lis
         rows = [(_words(rng), 0) for _ in range(12)] + [(_sums(rng), 1) for _ in range(12)]
         rng.shuffle(rows)
         write_split(folder / f"{split}.parquet", {"text": [t for t, _ in rows], "label": [y for _, y in rows]})
-    datasets.append(DatasetEntry(
-        dataset_id="tiny-lm-kind", path=folder, splits=["dev", "test"], description="words or sums (log-likelihood)",
-        task={"type": "classification", "model_kind": "causal_lm", "text_field": "text", "label_field": "label",
-              "labels": ["words", "sums"], "label_texts": ["ba", "1"], "head": "loglik",
-              "prompt_template": "{text} ", "choice_template": "{choice}", "max_length": 64},
-    ))
+    datasets.append(
+        DatasetEntry(
+            dataset_id="tiny-lm-kind",
+            path=folder,
+            splits=["dev", "test"],
+            description="words or sums (log-likelihood)",
+            task={
+                "type": "classification",
+                "model_kind": "causal_lm",
+                "text_field": "text",
+                "label_field": "label",
+                "labels": ["words", "sums"],
+                "label_texts": ["ba", "1"],
+                "head": "loglik",
+                "prompt_template": "{text} ",
+                "choice_template": "{choice}",
+                "max_length": 64,
+            },
+        )
+    )
     return models, datasets
 
 
@@ -158,5 +226,11 @@ def build(staging: Path, *, seed: int = 0) -> PresetManifest:
     rng = random.Random(seed)
     encoder_models, encoder_datasets = _build_encoders(staging, seed, rng)
     lm_models, lm_datasets = _build_causal_lms(staging, seed, rng)
-    return PresetManifest(preset=PRESET, seed=seed, root=staging, models=encoder_models + lm_models,
-                          datasets=encoder_datasets + lm_datasets, build_seconds=0.0)
+    return PresetManifest(
+        preset=PRESET,
+        seed=seed,
+        root=staging,
+        models=encoder_models + lm_models,
+        datasets=encoder_datasets + lm_datasets,
+        build_seconds=0.0,
+    )

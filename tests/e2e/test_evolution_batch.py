@@ -26,10 +26,25 @@ RAY_CLI = str(Path(sys.executable).with_name("ray"))
 UPLOAD_EXCLUDES = [".venv", "var", "bench/out", ".git", "**/__pycache__", "*.egg-info", ".pytest_cache"]
 
 
-def submit(dashboard_url: str, env: dict[str, str], submission_id: str, entrypoint: list[str],
-           runtime_env: dict) -> subprocess.CompletedProcess:
-    command = [RAY_CLI, "job", "submit", "--address", dashboard_url, "--submission-id", submission_id,
-               "--working-dir", ".", "--runtime-env-json", json.dumps(runtime_env), "--no-wait", "--", *entrypoint]
+def submit(
+    dashboard_url: str, env: dict[str, str], submission_id: str, entrypoint: list[str], runtime_env: dict
+) -> subprocess.CompletedProcess:
+    command = [
+        RAY_CLI,
+        "job",
+        "submit",
+        "--address",
+        dashboard_url,
+        "--submission-id",
+        submission_id,
+        "--working-dir",
+        ".",
+        "--runtime-env-json",
+        json.dumps(runtime_env),
+        "--no-wait",
+        "--",
+        *entrypoint,
+    ]
     return subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=180)
 
 
@@ -53,8 +68,13 @@ def test_ray_job_submit_runs_the_tiny_evolution_visible_through_the_api(alloy_se
     submission_id = f"alloy-evolve-tiny-{uuid.uuid4().hex[:8]}"
     runtime_env = {"env_vars": {**service_env(alloy_service), "HF_HUB_OFFLINE": "1"}, "excludes": UPLOAD_EXCLUDES}
     # sys.executable: the project's interpreter (CI runs the tests without activating the venv)
-    submitted = submit(ray_cluster.dashboard_url, env, submission_id,
-                       [sys.executable, "-m", "evolution.run", "configs/evolve-tiny.yaml"], runtime_env)
+    submitted = submit(
+        ray_cluster.dashboard_url,
+        env,
+        submission_id,
+        [sys.executable, "-m", "evolution.run", "configs/evolve-tiny.yaml"],
+        runtime_env,
+    )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
 
     jobs = JobSubmissionClient(ray_cluster.dashboard_url)  # token from this process's env (the fixture's)

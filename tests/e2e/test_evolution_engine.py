@@ -96,7 +96,11 @@ def test_a_killed_evolution_resumes_from_its_tune_checkpoint(alloy_service, engi
     with log_path.open("wb") as log:
         driver = subprocess.Popen(
             [sys.executable, "-m", "evolution.run", str(TINY_CONFIG), "--job-id", job.id],
-            cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         # Mid-search: every trial has finished generation 2 (reported with its checkpoint), and Tune has written
@@ -104,8 +108,12 @@ def test_a_killed_evolution_resumes_from_its_tune_checkpoint(alloy_service, engi
         # scheduler used to set its synchronous barrier *at* their generation and hang (see GenomePBT).
         _wait_for(lambda: engine.jobs.get(job.id).progress.get("trials", 0) >= 6, 240, "generation 2", driver)
         generation_2_done = time.time()
-        _wait_for(lambda: _latest_snapshot_mtime(experiment) > generation_2_done + 0.2, 60,
-                  "a Tune snapshot after generation 2", driver)
+        _wait_for(
+            lambda: _latest_snapshot_mtime(experiment) > generation_2_done + 0.2,
+            60,
+            "a Tune snapshot after generation 2",
+            driver,
+        )
     except AssertionError:
         driver.kill()
         raise AssertionError(log_path.read_text(errors="replace")[-3000:]) from None
@@ -137,5 +145,3 @@ def test_a_killed_evolution_resumes_from_its_tune_checkpoint(alloy_service, engi
     assert sorted({t["generation"] for t in trials}) == list(range(1, RESUME_GENERATIONS + 1))
     events = [(e.event, e.reason) for e in engine.jobs.events(job.id)]
     assert ("interrupted", "driver killed mid-search (test)") in events and ("replayed", None) in events, events
-
-

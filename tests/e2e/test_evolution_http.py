@@ -33,8 +33,9 @@ def tiny_request(name: str) -> dict[str, Any]:
     return request
 
 
-def poll_evolution(client: httpx.Client, url: str, *, until: set[str], timeout_s: float = 300.0,
-                   interval_s: float = 0.3) -> list[dict[str, Any]]:
+def poll_evolution(
+    client: httpx.Client, url: str, *, until: set[str], timeout_s: float = 300.0, interval_s: float = 0.3
+) -> list[dict[str, Any]]:
     """Every distinct view seen until the state is in ``until`` (the last view is the final one)."""
     seen: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout_s
@@ -112,8 +113,9 @@ def test_trials_list_every_candidate_with_its_parent(alloy_service, completed_ev
     assert second["count"] == 3 and {t["generation"] for t in second["trials"]} == {2}
 
 
-def test_the_winner_is_registered_with_lineage_and_scored_on_test_next_to_every_parent(alloy_service,
-                                                                                    completed_evolution):
+def test_the_winner_is_registered_with_lineage_and_scored_on_test_next_to_every_parent(
+    alloy_service, completed_evolution
+):
     client = alloy_service.client("read")
     result = completed_evolution.final["result"]
     model = client.get(f"/models/{result['model_id']}")
@@ -147,7 +149,9 @@ def test_pbt_exploit_never_needs_a_donor_checkpoint(alloy_service, completed_evo
 
     trials = alloy_service.client("read").get(completed_evolution.final["trials_url"]).json()["trials"]
     by_id = {t["trial_id"]: t for t in trials}
-    exploited = [t for t in trials if t["parent_trial"] and _tune_trial(t["parent_trial"]) != _tune_trial(t["trial_id"])]
+    exploited = [
+        t for t in trials if t["parent_trial"] and _tune_trial(t["parent_trial"]) != _tune_trial(t["trial_id"])
+    ]
     assert exploited, "PBT never exploited: the test would not notice the pitfall"
     for trial in exploited:
         assert by_id[trial["parent_trial"]]["generation"] == trial["generation"] - 1
@@ -269,12 +273,14 @@ def test_post_evolutions_counts_against_the_jobs_rate_limit(alloy_service):
 
     db = Database(alloy_service.database_url)
     try:
-        _, key = ApiKeyStore(db).create("evolution-rate-limit", ["write"], read_limit="1000/minute",
-                                        jobs_limit="1/minute")
+        _, key = ApiKeyStore(db).create(
+            "evolution-rate-limit", ["write"], read_limit="1000/minute", jobs_limit="1/minute"
+        )
     finally:
         db.close()
-    with httpx.Client(base_url=alloy_service.base_url, headers={"Authorization": f"Bearer {key}"},
-                      timeout=60) as client:
+    with httpx.Client(
+        base_url=alloy_service.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60
+    ) as client:
         first = client.post("/evolutions", json={"name": "not an evolution"})  # counted before validation
         assert first.status_code == 422, first.text
         assert first.headers["X-RateLimit-Limit"] == "1"

@@ -33,8 +33,14 @@ def fuzz_key(alloy_service) -> str:
 def test_fuzz_every_operation_of_the_serve_app(alloy_service, fuzz_key):
     report = fuzz_api(alloy_service.base_url, fuzz_key, max_examples=6)
     operations = set(report.operations)
-    assert {"POST /merge/execute", "POST /evolutions", "POST /evaluations", "GET /jobs/{job_id}",
-            "GET /models/{model_id}", "GET /health"} <= operations, sorted(operations)
+    assert {
+        "POST /merge/execute",
+        "POST /evolutions",
+        "POST /evaluations",
+        "GET /jobs/{job_id}",
+        "GET /models/{model_id}",
+        "GET /health",
+    } <= operations, sorted(operations)
     statuses = {status for (_, status) in report.statuses}
     assert 200 in statuses and 422 in statuses and 404 in statuses, report.statuses
     assert any(label.startswith("POST /admin") and status == 403 for (label, status) in report.statuses)

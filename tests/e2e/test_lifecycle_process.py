@@ -75,8 +75,14 @@ class Operator:
         """`alloy start FLAGS` in the background; returns once it printed its URL and key (READY)."""
         log = self.root / f"start-{len(self.logs)}.log"
         self.logs.append(log)
-        self.process = subprocess.Popen([ALLOY, "start", "--no-demo", *flags], cwd=PROJECT_ROOT, env=self.env,
-                                        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            [ALLOY, "start", "--no-demo", *flags],
+            cwd=PROJECT_ROOT,
+            env=self.env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             found = READY_LINE.search(log.read_text())
@@ -91,13 +97,22 @@ class Operator:
         return self.logs[-1].read_text()[-chars:] if self.logs else ""
 
     def cli(self, *args: str, timeout_s: float = 420) -> subprocess.CompletedProcess:
-        return subprocess.run([ALLOY, *args], cwd=PROJECT_ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=timeout_s)
+        return subprocess.run(
+            [ALLOY, *args], cwd=PROJECT_ROOT, env=self.env, capture_output=True, text=True, timeout=timeout_s
+        )
 
     def submit_merge(self, output: str) -> str:
-        response = httpx.post(f"{self.url}/merge/execute", headers={"Authorization": f"Bearer {self.key}"},
-                              json={"models": ["big-a", "big-b"], "strategy": "slerp", "parameters": {"t": 0.5},
-                                    "output_model_id": output}, timeout=60)
+        response = httpx.post(
+            f"{self.url}/merge/execute",
+            headers={"Authorization": f"Bearer {self.key}"},
+            json={
+                "models": ["big-a", "big-b"],
+                "strategy": "slerp",
+                "parameters": {"t": 0.5},
+                "output_model_id": output,
+            },
+            timeout=60,
+        )
         assert response.status_code == 202, response.text
         return response.json()["job_id"]
 
@@ -115,8 +130,9 @@ class Operator:
         return self.process.wait(timeout=timeout_s)
 
     def consistency(self):
-        return Recovery(self.db, self.store, models=self.models,
-                        scratch_dirs=[(self.data_dir / "work" / "merges").resolve()]).check()
+        return Recovery(
+            self.db, self.store, models=self.models, scratch_dirs=[(self.data_dir / "work" / "merges").resolve()]
+        ).check()
 
 
 def _kill_tree(root_pid: int) -> int:
@@ -146,8 +162,12 @@ def operator(tmp_path_factory, tiny_model_factory):
     data_dir.mkdir()
     base = tiny_model_factory("llama", seed=10, **MODEL_SHAPE)
     tune = tiny_model_factory("llama", seed=11, base=base, **MODEL_SHAPE)
-    settings = {"data_dir": str(data_dir), "model_roots": [str(base.parent)],
-                "database": {"url": f"sqlite:///{data_dir / 'alloy.db'}"}, "artifacts": {"uri": str(root / "art")}}
+    settings = {
+        "data_dir": str(data_dir),
+        "model_roots": [str(base.parent)],
+        "database": {"url": f"sqlite:///{data_dir / 'alloy.db'}"},
+        "artifacts": {"uri": str(root / "art")},
+    }
     config_file = root / "alloy.yaml"
     config_file.write_text(yaml.safe_dump(settings))
     db = Database(settings["database"]["url"])
@@ -182,9 +202,15 @@ def test_kill_9_of_the_whole_cluster_during_a_merge_then_restart_completes_it(op
     operator.start()
     start = ClusterStateStore(operator.db).get().last_start
     assert [(s.name, s.status) for s in start.steps] == [
-        ("load configuration", "ok"), ("validate dependencies", "ok"), ("connect registries", "ok"),
-        ("consistency check", "ok"), ("initialise worker pools", "ok"), ("health-check endpoints", "ok"),
-        ("mark READY", "ok"), ("replay interrupted jobs", "ok")]
+        ("load configuration", "ok"),
+        ("validate dependencies", "ok"),
+        ("connect registries", "ok"),
+        ("consistency check", "ok"),
+        ("initialise worker pools", "ok"),
+        ("health-check endpoints", "ok"),
+        ("mark READY", "ok"),
+        ("replay interrupted jobs", "ok"),
+    ]
     assert start.steps[3].detail.startswith("1 interrupted jobs")
     assert start.steps[-1].detail.startswith("1 jobs replayed")
 
@@ -212,8 +238,13 @@ def test_graceful_stop_waits_for_the_active_merge_and_finishes_it(operator):
     last_stop = cluster.last_stop
     assert last_stop.mode == "graceful" and last_stop.ok, last_stop
     assert [s.name for s in last_stop.steps] == [
-        "reject submissions", "wait for active merges and evaluations", "flush tracker", "close registries",
-        "terminate worker pools", "mark STOPPED"]
+        "reject submissions",
+        "wait for active merges and evaluations",
+        "flush tracker",
+        "close registries",
+        "terminate worker pools",
+        "mark STOPPED",
+    ]
     waited = int(last_stop.steps[1].detail.split()[0])
     assert waited >= 1, f"no merge was active when the stop began: {last_stop.steps[1].detail}"
     jobs = JobStore(operator.db)
@@ -234,8 +265,11 @@ def test_warm_start_then_stop_with_a_1s_timeout_forces_and_the_job_is_replayable
     start = ClusterStateStore(operator.db).get().last_start
     assert start.mode == "warm" and start.ok
     assert [(s.name, s.status) for s in start.steps][:4] == [
-        ("load configuration", "ok"), ("validate dependencies", "skipped"), ("consistency check", "ok"),
-        ("restore worker pools", "ok")]
+        ("load configuration", "ok"),
+        ("validate dependencies", "skipped"),
+        ("consistency check", "ok"),
+        ("restore worker pools", "ok"),
+    ]
     assert "abbreviated health checks" in [s.name for s in start.steps]
 
     job_ids = [operator.submit_merge(f"forced-{n}") for n in range(QUEUED_MERGES)]
@@ -246,7 +280,10 @@ def test_warm_start_then_stop_with_a_1s_timeout_forces_and_the_job_is_replayable
     last_stop = ClusterStateStore(operator.db).get().last_stop
     assert last_stop.mode == "graceful->forced" and not last_stop.ok
     assert [s.name for s in last_stop.steps][:3] == [
-        "reject submissions", "wait for active merges and evaluations", "cancel active tasks"]
+        "reject submissions",
+        "wait for active merges and evaluations",
+        "cancel active tasks",
+    ]
     assert ClusterStateStore(operator.db).state() is ClusterState.STOPPED
     jobs = JobStore(operator.db)
     interrupted = [job_id for job_id in job_ids if jobs.get(job_id).state is not JobState.COMPLETED]

@@ -33,8 +33,9 @@ def tiny_zoo(alloy_service) -> dict[str, list[str]]:
 
 def test_an_evaluation_job_runs_to_completed_and_serves_its_results(alloy_service, tiny_zoo):
     client = alloy_service.client("write")
-    response = client.post("/evaluations", json={"models": ["tiny-lm-base"], "datasets": ["tiny-ppl-words"],
-                                                 "split": "test"})
+    response = client.post(
+        "/evaluations", json={"models": ["tiny-lm-base"], "datasets": ["tiny-ppl-words"], "split": "test"}
+    )
     assert response.status_code == 202, response.text
     accepted = response.json()
     assert accepted["status"] == "CREATED" and response.headers["Location"] == accepted["progress_url"]
@@ -46,14 +47,21 @@ def test_an_evaluation_job_runs_to_completed_and_serves_its_results(alloy_servic
     assert results.status_code == 200, results.text
     [result] = results.json()["results"]
     assert (result["model_id"], result["dataset_id"], result["split"], result["metric"]) == (
-        "tiny-lm-base", "tiny-ppl-words", "test", "perplexity")
+        "tiny-lm-base",
+        "tiny-ppl-words",
+        "test",
+        "perplexity",
+    )
     assert math.isfinite(result["value"]) and result["value"] > 1.0 and result["n"] > 0
 
 
-@pytest.mark.parametrize(("body", "status", "code"), [
-    ({"models": ["no-such-model"], "datasets": ["tiny-ppl-words"]}, 404, "MODEL_NOT_FOUND"),
-    ({"models": ["tiny-lm-base"], "datasets": ["no-such-dataset"]}, 404, "NOT_FOUND"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"models": ["no-such-model"], "datasets": ["tiny-ppl-words"]}, 404, "MODEL_NOT_FOUND"),
+        ({"models": ["tiny-lm-base"], "datasets": ["no-such-dataset"]}, 404, "NOT_FOUND"),
+    ],
+)
 def test_evaluation_requests_naming_unknown_things_are_refused_at_once(alloy_service, tiny_zoo, body, status, code):
     response = alloy_service.client("write").post("/evaluations", json=body)
     assert response.status_code == status, response.text
@@ -62,11 +70,16 @@ def test_evaluation_requests_naming_unknown_things_are_refused_at_once(alloy_ser
 
 def test_a_merge_can_evaluate_its_output_before_completing(alloy_service, tiny_zoo):
     client = alloy_service.client("write")
-    response = client.post("/merge/execute", json={
-        "models": ["tiny-lm-ft-words", "tiny-lm-ft-sums"], "strategy": "task_arithmetic",
-        "base_model": "tiny-lm-base", "output_model_id": "evaluated-merge",
-        "evaluate": {"datasets": ["tiny-ppl-words"], "split": "test"},
-    })
+    response = client.post(
+        "/merge/execute",
+        json={
+            "models": ["tiny-lm-ft-words", "tiny-lm-ft-sums"],
+            "strategy": "task_arithmetic",
+            "base_model": "tiny-lm-base",
+            "output_model_id": "evaluated-merge",
+            "evaluate": {"datasets": ["tiny-ppl-words"], "split": "test"},
+        },
+    )
     assert response.status_code == 202, response.text
     job_url = response.json()["progress_url"]
 

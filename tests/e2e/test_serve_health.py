@@ -11,8 +11,16 @@ def test_health_reports_every_component_and_cluster_state(alloy_service):
     response = alloy_service.client("read").get("/health")
     assert response.status_code == 200, response.text
     body = response.json()
-    for name in ("ModelRegistry", "DatasetRegistry", "MergeEngine", "EvaluationEngine", "EvolutionEngine",
-                 "ExperimentTracker", "ArtifactStore", "Database"):
+    for name in (
+        "ModelRegistry",
+        "DatasetRegistry",
+        "MergeEngine",
+        "EvaluationEngine",
+        "EvolutionEngine",
+        "ExperimentTracker",
+        "ArtifactStore",
+        "Database",
+    ):
         assert body["components"][name]["status"] == "healthy", (name, body["components"][name])
     assert body["cluster_state"] == "READY"
     assert body["config_version"] >= 1
@@ -33,4 +41,5 @@ def test_openapi_types_every_route(alloy_service):
     assert "202" in execute["responses"]
     assert execute["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("MergeRequest")
     assert spec["paths"]["/jobs/{job_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"][
-        "$ref"].endswith("JobView")
+        "$ref"
+    ].endswith("JobView")

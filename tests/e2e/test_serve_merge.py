@@ -26,8 +26,14 @@ def big_models(alloy_service, tiny_model_factory):
 
 
 def merge_body(output: str, **changes):
-    return {"models": ["tune1", "tune2"], "strategy": "ties", "base_model": "base",
-            "parameters": {"density": 0.5}, "output_model_id": output, **changes}
+    return {
+        "models": ["tune1", "tune2"],
+        "strategy": "ties",
+        "base_model": "base",
+        "parameters": {"density": 0.5},
+        "output_model_id": output,
+        **changes,
+    }
 
 
 def test_merge_returns_202_at_once_and_completes_with_a_loadable_model(alloy_service, served_models, tmp_path):
@@ -71,18 +77,21 @@ def test_merge_returns_202_at_once_and_completes_with_a_loadable_model(alloy_ser
     assert body["job_id"] in [j["job_id"] for j in listed["items"]]
 
 
-@pytest.mark.parametrize("changes, status, code", [
-    ({"strategy": "blend"}, 422, "INVALID_STRATEGY"),
-    ({"models": ["tune1"]}, 422, "VALIDATION_FAILED"),
-    ({"models": [f"m{i}" for i in range(9)]}, 422, "VALIDATION_FAILED"),
-    ({"parameters": {"density": 3}}, 422, "VALIDATION_FAILED"),
-    ({"parameters": {"bogus": 1}}, 422, "VALIDATION_FAILED"),
-    ({"models": ["tune1", "ghost"]}, 404, "MODEL_NOT_FOUND"),
-    ({"models": ["tune1", "gpt"]}, 422, "INCOMPATIBLE_MODELS"),
-    ({"output_model_id": "tune3"}, 409, "ALREADY_EXISTS"),
-    ({"output_model_id": "bad id!"}, 422, "VALIDATION_FAILED"),
-    ({"evaluate": {"datasets": ["no-such-dataset"]}}, 404, "NOT_FOUND"),
-])
+@pytest.mark.parametrize(
+    "changes, status, code",
+    [
+        ({"strategy": "blend"}, 422, "INVALID_STRATEGY"),
+        ({"models": ["tune1"]}, 422, "VALIDATION_FAILED"),
+        ({"models": [f"m{i}" for i in range(9)]}, 422, "VALIDATION_FAILED"),
+        ({"parameters": {"density": 3}}, 422, "VALIDATION_FAILED"),
+        ({"parameters": {"bogus": 1}}, 422, "VALIDATION_FAILED"),
+        ({"models": ["tune1", "ghost"]}, 404, "MODEL_NOT_FOUND"),
+        ({"models": ["tune1", "gpt"]}, 422, "INCOMPATIBLE_MODELS"),
+        ({"output_model_id": "tune3"}, 409, "ALREADY_EXISTS"),
+        ({"output_model_id": "bad id!"}, 422, "VALIDATION_FAILED"),
+        ({"evaluate": {"datasets": ["no-such-dataset"]}}, 404, "NOT_FOUND"),
+    ],
+)
 def test_merge_request_errors_are_synchronous_and_structured(alloy_service, served_models, changes, status, code):
     before = alloy_service.client("read").get("/jobs", params={"limit": 1}).json()["total"]
     response = alloy_service.client("write").post("/merge/execute", json=merge_body("never-made", **changes))
@@ -123,8 +132,13 @@ def _job_state(alloy_service, job_id: str) -> str:
 def test_merge_survives_the_ingress_replica_being_killed(alloy_service, served_models, big_models):
     import ray
 
-    body = {"models": big_models, "strategy": "ties", "base_model": "bigbase", "parameters": {"density": 0.5},
-            "output_model_id": "survivor"}
+    body = {
+        "models": big_models,
+        "strategy": "ties",
+        "base_model": "bigbase",
+        "parameters": {"density": 0.5},
+        "output_model_id": "survivor",
+    }
     accepted = alloy_service.client("write").post("/merge/execute", json=body)
     assert accepted.status_code == 202, accepted.text
     job_id = accepted.json()["job_id"]
@@ -132,8 +146,11 @@ def test_merge_survives_the_ingress_replica_being_killed(alloy_service, served_m
     assert _job_state(alloy_service, job_id) not in ("COMPLETED", "FAILED")
     ray.kill(_replica_actor("Ingress"), no_restart=True)
 
-    job = alloy_service.wait_job(accepted.json()["progress_url"], timeout_s=300) if _ingress_back(alloy_service) \
+    job = (
+        alloy_service.wait_job(accepted.json()["progress_url"], timeout_s=300)
+        if _ingress_back(alloy_service)
         else pytest.fail("the ingress did not come back")
+    )
     assert job["state"] == "COMPLETED", job
     assert job["attempts"] == 0  # not replayed: the engine, not the ingress, owned it
     assert alloy_service.client("read").get("/models/survivor").status_code == 200
@@ -176,7 +193,8 @@ def test_a_failed_merge_leaves_nothing_registered(alloy_service, served_models, 
         weights.unlink()
 
     accepted = alloy_service.client("write").post(
-        "/merge/execute", json=merge_body("doomed", models=["tune1", "fragile"]))
+        "/merge/execute", json=merge_body("doomed", models=["tune1", "fragile"])
+    )
     assert accepted.status_code == 202, accepted.text
     job = alloy_service.wait_job(accepted.json()["progress_url"])
 
@@ -199,8 +217,13 @@ def test_a_merge_engine_replica_killed_mid_merge_is_recorded_interrupted_and_rep
     from alloy.jobs.store import JobStore
     from alloy.storage.db import Database
 
-    body = {"models": big_models, "strategy": "ties", "base_model": "bigbase", "parameters": {"density": 0.5},
-            "output_model_id": "phoenix"}
+    body = {
+        "models": big_models,
+        "strategy": "ties",
+        "base_model": "bigbase",
+        "parameters": {"density": 0.5},
+        "output_model_id": "phoenix",
+    }
     accepted = alloy_service.client("write").post("/merge/execute", json=body)
     assert accepted.status_code == 202, accepted.text
     job_id = accepted.json()["job_id"]

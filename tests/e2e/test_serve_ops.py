@@ -30,8 +30,14 @@ def test_admin_reload_flush_cache_and_metrics(alloy_service, served_models):
     metrics = admin.get("/metrics")
     assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
     text = metrics.text
-    for name in ("alloy_jobs{", "alloy_job_queue_depth", "alloy_merge_bytes_per_second",
-                 "alloy_model_cache_hit_rate", "alloy_http_requests_total", "alloy_http_request_duration_seconds"):
+    for name in (
+        "alloy_jobs{",
+        "alloy_job_queue_depth",
+        "alloy_merge_bytes_per_second",
+        "alloy_model_cache_hit_rate",
+        "alloy_http_requests_total",
+        "alloy_http_request_duration_seconds",
+    ):
         assert name in text, name
     assert 'alloy_jobs{kind="merge",state="COMPLETED"}' in text
 
@@ -57,18 +63,49 @@ def test_models_listing_and_delete(alloy_service, served_models):
 def test_alloy_submit_merge_follows_to_completed(alloy_service, served_models):
     from alloy.cli.main import cli
 
-    result = CliRunner().invoke(cli, [
-        "submit", "merge", "--models", "tune1", "tune3", "--strategy", "ties", "--base", "base",
-        "--param", "density=0.5", "--output", "cli-merge",
-        "--url", alloy_service.base_url, "--key", alloy_service.keys["write"],
-    ])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "submit",
+            "merge",
+            "--models",
+            "tune1",
+            "tune3",
+            "--strategy",
+            "ties",
+            "--base",
+            "base",
+            "--param",
+            "density=0.5",
+            "--output",
+            "cli-merge",
+            "--url",
+            alloy_service.base_url,
+            "--key",
+            alloy_service.keys["write"],
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "COMPLETED: model cli-merge" in result.output
 
-    failed = CliRunner().invoke(cli, [
-        "submit", "merge", "--models", "tune1", "ghost", "--strategy", "ties", "--output", "cli-x",
-        "--url", alloy_service.base_url, "--key", alloy_service.keys["write"],
-    ])
+    failed = CliRunner().invoke(
+        cli,
+        [
+            "submit",
+            "merge",
+            "--models",
+            "tune1",
+            "ghost",
+            "--strategy",
+            "ties",
+            "--output",
+            "cli-x",
+            "--url",
+            alloy_service.base_url,
+            "--key",
+            alloy_service.keys["write"],
+        ],
+    )
     assert failed.exit_code == 1
     assert "MODEL_NOT_FOUND" in failed.output
 
@@ -78,8 +115,15 @@ def test_merges_still_work_after_a_reload(alloy_service, served_models):
     assert admin.post("/admin/reload").status_code == 200
     # still the session's database and artifact folder: the registered models are all there
     assert admin.get("/models/tune1").status_code == 200
-    accepted = admin.post("/merge/execute", json={"models": ["tune1", "tune2"], "strategy": "slerp",
-                                                  "parameters": {"t": 0.5}, "output_model_id": "after-reload"})
+    accepted = admin.post(
+        "/merge/execute",
+        json={
+            "models": ["tune1", "tune2"],
+            "strategy": "slerp",
+            "parameters": {"t": 0.5},
+            "output_model_id": "after-reload",
+        },
+    )
     assert accepted.status_code == 202, accepted.text
     assert accepted.json()["progress_url"].startswith(alloy_service.base_url)
     assert alloy_service.wait_job(accepted.json()["progress_url"])["state"] == "COMPLETED"

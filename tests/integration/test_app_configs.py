@@ -58,12 +58,15 @@ def test_embedded_default_config_is_valid_settings(monkeypatch):
     assert settings.database_url.startswith("sqlite") and "://" not in settings.artifacts_uri
 
 
-@pytest.mark.parametrize("overrides, refused", [
-    ({}, True),
-    ({"database": {"url": "postgresql+psycopg://db/alloy"}}, True),
-    ({"artifacts": {"uri": "s3://bucket/alloy"}}, True),
-    ({"database": {"url": "postgresql+psycopg://db/alloy"}, "artifacts": {"uri": "s3://bucket/alloy"}}, False),
-])
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        ({}, True),
+        ({"database": {"url": "postgresql+psycopg://db/alloy"}}, True),
+        ({"artifacts": {"uri": "s3://bucket/alloy"}}, True),
+        ({"database": {"url": "postgresql+psycopg://db/alloy"}, "artifacts": {"uri": "s3://bucket/alloy"}}, False),
+    ],
+)
 def test_multi_node_cluster_refuses_node_local_storage(tmp_path, overrides, refused):
     settings = Settings(data_dir=tmp_path, **overrides)
     check_storage_for_cluster(settings, alive_nodes=1)  # one node: anything goes
@@ -96,13 +99,17 @@ def test_gpu_profile_without_gpus_answers_gpu_unavailable(ray_cluster, tmp_path)
     _, key = ApiKeyStore(services.db).create("gpu-test", ["write"])
     context = ApiContext(config=ConfigHolder(settings), services=services, profile="gpu", gpu_probe=_cluster_gpus)
     with TestClient(create_api(context)) as client:
-        response = client.post("/merge/execute", headers={"Authorization": f"Bearer {key}"},
-                               json={"models": ["a", "b"], "strategy": "ties", "output_model_id": "c"})
+        response = client.post(
+            "/merge/execute",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"models": ["a", "b"], "strategy": "ties", "output_model_id": "c"},
+        )
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "GPU_UNAVAILABLE"
 
-    on_demand = ApiContext(config=ConfigHolder(settings), services=None, profile="gpu", gpu_on_demand=True,
-                           gpu_probe=_cluster_gpus)
+    on_demand = ApiContext(
+        config=ConfigHolder(settings), services=None, profile="gpu", gpu_on_demand=True, gpu_probe=_cluster_gpus
+    )
     on_demand.require_gpu_capacity()  # an autoscaling cluster may add a GPU node: accepted
 
 

@@ -18,7 +18,7 @@ BLOB = bytes(range(256)) * 4096  # 1 MiB
 
 def chunked(data: bytes, size: int = 100_000):
     for start in range(0, len(data), size):
-        yield data[start:start + size]
+        yield data[start : start + size]
 
 
 def test_streamed_put_and_get_record_size_and_sha256(artifact_store):
@@ -57,8 +57,9 @@ def test_list_and_delete_prefix(artifact_store):
     assert [i.key for i in artifact_store.list()] == ["other", "runs/2/a"]
 
 
-@pytest.mark.parametrize("key", ["../escape", "/abs/path", "a/../../b", "a//b", "", ".staging/x", "a\\b",
-                                 "x/.alloy-dir.json"])
+@pytest.mark.parametrize(
+    "key", ["../escape", "/abs/path", "a/../../b", "a//b", "", ".staging/x", "a\\b", "x/.alloy-dir.json"]
+)
 def test_keys_are_confined(artifact_store, key):
     with pytest.raises(AlloyError) as caught:
         artifact_store.put_bytes(key, b"x")
@@ -76,8 +77,11 @@ def _folder(tmp_path):
 
 def test_put_dir_and_get_dir_round_trip(artifact_store, tmp_path):
     infos = artifact_store.put_dir("models/m1", _folder(tmp_path))
-    assert [i.key for i in infos] == ["models/m1/config.json", "models/m1/sub/tokenizer.json",
-                                      "models/m1/weights.safetensors"]
+    assert [i.key for i in infos] == [
+        "models/m1/config.json",
+        "models/m1/sub/tokenizer.json",
+        "models/m1/weights.safetensors",
+    ]
     assert infos[2].sha256 == hashlib.sha256(BLOB).hexdigest()
     assert artifact_store.dir_exists("models/m1") and artifact_store.exists("models/m1")
     listed = artifact_store.list("models/m1")
@@ -182,9 +186,17 @@ def test_key_for_recognises_uris_inside_the_store(artifact_store):
 def test_from_settings_uses_the_configured_s3_endpoint(s3_server, monkeypatch):
     from alloy.config import Settings
 
-    settings = Settings(artifacts={"uri": s3_server.new_uri(), "s3": {
-        "endpoint_url": s3_server.endpoint_url, "region": "us-east-1",
-        "access_key_id": "alloy-test-key", "secret_access_key": "alloy-test-secret"}})
+    settings = Settings(
+        artifacts={
+            "uri": s3_server.new_uri(),
+            "s3": {
+                "endpoint_url": s3_server.endpoint_url,
+                "region": "us-east-1",
+                "access_key_id": "alloy-test-key",
+                "secret_access_key": "alloy-test-secret",
+            },
+        }
+    )
     store = ArtifactStore.from_settings(settings)
     store.put_bytes("hello", b"world")
     assert store.read_bytes("hello") == b"world"

@@ -13,8 +13,17 @@ from alloy.storage.db import UPGRADE_COMMAND, Database
 from alloy.storage.db.models import Base
 
 EXPECTED_TABLES = {
-    "models", "datasets", "jobs", "job_events", "experiments", "experiment_records", "trials", "artifacts",
-    "api_keys", "cluster_state", "tracker_log",
+    "models",
+    "datasets",
+    "jobs",
+    "job_events",
+    "experiments",
+    "experiment_records",
+    "trials",
+    "artifacts",
+    "api_keys",
+    "cluster_state",
+    "tracker_log",
 }
 
 
@@ -44,8 +53,11 @@ def test_older_revision_is_refused_with_the_exact_upgrade_command(empty_database
         empty_database.verify_schema()
     assert caught.value.code is ErrorCode.SCHEMA_MISMATCH
     assert "alloy db upgrade" in caught.value.message
-    assert caught.value.details == {"current": "0001", "expected": empty_database.head_revision(),
-                                    "command": "alloy db upgrade"}
+    assert caught.value.details == {
+        "current": "0001",
+        "expected": empty_database.head_revision(),
+        "command": "alloy db upgrade",
+    }
     empty_database.upgrade()
     assert empty_database.verify_schema() == empty_database.head_revision()
 

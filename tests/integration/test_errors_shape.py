@@ -11,8 +11,8 @@ import pytest
 from alloy.errors import HTTP_STATUS, ErrorCode
 from alloy.storage.db import Database
 from alloy.storage.keys import ApiKeyStore
-from tests.security_helpers import build_test_app, make_settings, serve_in_thread
 from tests.integration.test_security_http import assert_error
+from tests.security_helpers import build_test_app, make_settings, serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,9 @@ def test_openapi_declares_the_error_shape(client):
     assert "ErrorResponse" in schema["components"]["schemas"]
     responses = schema["paths"]["/merge/execute"]["post"]["responses"]
     for status in ("401", "403", "404", "413", "422", "429", "500"):
-        assert responses[status]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+        assert responses[status]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorResponse"
+        }
 
 
 def test_every_code_has_one_documented_status():

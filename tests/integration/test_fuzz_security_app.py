@@ -32,7 +32,9 @@ def served(tmp_path_factory):
 def test_fuzz_with_admin_key(served):
     base_url, keys = served
     report = fuzz_api(base_url, keys["admin"], max_examples=25)
-    assert {"GET /models/{model_id}", "POST /merge/execute", "POST /admin/flush", "POST /notes"} <= set(report.operations)
+    assert {"GET /models/{model_id}", "POST /merge/execute", "POST /admin/flush", "POST /notes"} <= set(
+        report.operations
+    )
     statuses = {status for (_, status) in report.statuses}
     assert 200 in statuses and 422 in statuses, report.statuses  # both valid and invalid requests got through
 
@@ -45,15 +47,21 @@ def test_fuzz_with_read_only_key(served):
 
 def test_fuzz_without_a_valid_key(served):
     base_url, _ = served
-    report = fuzz_api(base_url, "alloy_0123456789abcdef_" + "A" * 43, max_examples=5,
-                      modes=[GenerationMode.POSITIVE], schema_with_key=False)
+    report = fuzz_api(
+        base_url,
+        "alloy_0123456789abcdef_" + "A" * 43,
+        max_examples=5,
+        modes=[GenerationMode.POSITIVE],
+        schema_with_key=False,
+    )
     assert {status for (_, status) in report.statuses} == {401}
 
 
 def test_check_response_rejects_malformed_errors():
     """The fuzz oracle itself can fail: a bare FastAPI-style error is caught."""
     bad = httpx.Response(
-        404, json={"detail": "Not Found"},
+        404,
+        json={"detail": "Not Found"},
         headers={"x-request-id": "r", "x-ratelimit-limit": "1", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1"},
     )
     with pytest.raises(AssertionError):

@@ -34,7 +34,12 @@ def test_full_legal_path_with_progress_and_result(jobs):
     assert done.state is JobState.COMPLETED and done.result == {"model_id": "merged"}
     assert done.progress["percent"] == 100.0 and done.finished_at is not None
     assert [e.to_state for e in jobs.events(job.id)] == [
-        JobState.CREATED, JobState.PREPARING, JobState.RUNNING, JobState.EVALUATING, JobState.COMPLETED]
+        JobState.CREATED,
+        JobState.PREPARING,
+        JobState.RUNNING,
+        JobState.EVALUATING,
+        JobState.COMPLETED,
+    ]
 
 
 def test_running_may_complete_without_evaluating(jobs):
@@ -44,14 +49,17 @@ def test_running_may_complete_without_evaluating(jobs):
     assert jobs.complete(job.id, {}).state is JobState.COMPLETED
 
 
-@pytest.mark.parametrize("path, illegal", [
-    ([], "RUNNING"),
-    ([], "COMPLETED"),
-    (["PREPARING"], "EVALUATING"),
-    (["PREPARING", "RUNNING"], "PREPARING"),
-    (["PREPARING", "RUNNING"], "CREATED"),
-    (["FAILED"], "PREPARING"),
-])
+@pytest.mark.parametrize(
+    "path, illegal",
+    [
+        ([], "RUNNING"),
+        ([], "COMPLETED"),
+        (["PREPARING"], "EVALUATING"),
+        (["PREPARING", "RUNNING"], "PREPARING"),
+        (["PREPARING", "RUNNING"], "CREATED"),
+        (["FAILED"], "PREPARING"),
+    ],
+)
 def test_illegal_moves_are_conflicts(jobs, path, illegal):
     job = jobs.create("merge", {})
     for state in path:
@@ -142,8 +150,9 @@ def test_requeue_records_interruption_and_replay(jobs):
 
 
 def test_list_filters_pages_and_active(jobs):
-    created = [jobs.create("merge" if i % 2 else "evaluation", {"i": i}, owner="bob" if i < 3 else None)
-               for i in range(5)]
+    created = [
+        jobs.create("merge" if i % 2 else "evaluation", {"i": i}, owner="bob" if i < 3 else None) for i in range(5)
+    ]
     jobs.transition(created[0].id, "PREPARING")
     jobs.fail(created[1].id, "INTERNAL_ERROR", "x")
     page = jobs.list(limit=2)

@@ -55,7 +55,9 @@ def test_create_verify_roundtrip_on_both_backends(database):
     assert plaintext.startswith(f"alloy_{record.key_id}_")
     principal = store.verify(plaintext)
     assert principal == Principal(
-        key_id=record.key_id, owner="alice", scopes=frozenset({"write"}),
+        key_id=record.key_id,
+        owner="alice",
+        scopes=frozenset({"write"}),
         limits={"read": "500/minute", "jobs": "20/minute"},
     )
     assert store.verify(plaintext[:-1] + ("A" if plaintext[-1] != "A" else "B")) is None
@@ -67,14 +69,18 @@ def test_only_a_hash_is_stored(store, sqlite_db, tmp_path):
     secret = parse_key(plaintext)[1]
     raw = (tmp_path / "keys.db").read_bytes() + (tmp_path / "keys.db-wal").read_bytes()
     assert secret.encode() not in raw and plaintext.encode() not in raw
-    row = sqlite3.connect(tmp_path / "keys.db").execute(
-        "select secret_hash from api_keys where key_id = ?", (record.key_id,)
-    ).fetchone()
+    row = (
+        sqlite3.connect(tmp_path / "keys.db")
+        .execute("select secret_hash from api_keys where key_id = ?", (record.key_id,))
+        .fetchone()
+    )
     assert row[0].startswith("sha256$") and secret not in row[0]
     assert "secret" not in record.model_dump() and "hash" not in json.dumps(record.model_dump(mode="json"))
 
 
-@pytest.mark.parametrize("presented", ["", "alloy_", "alloy_zz_secret", "short", "x" * 600, "Bearer alloy_0123456789abcdef_x"])
+@pytest.mark.parametrize(
+    "presented", ["", "alloy_", "alloy_zz_secret", "short", "x" * 600, "Bearer alloy_0123456789abcdef_x"]
+)
 def test_malformed_keys_do_not_verify(store, presented):
     store.create("alice", ["read"])
     assert store.verify(presented) is None
@@ -197,7 +203,9 @@ def test_cli_create_list_rotate_revoke(tmp_path, monkeypatch, caplog):
     assert unupgraded.exit_code == 1 and "alloy db upgrade" in unupgraded.output
     database.upgrade()
 
-    created = runner.invoke(cli, ["key", "create", "--owner", "ci", "--scope", "write", "--jobs-limit", "5/minute", "--json"])
+    created = runner.invoke(
+        cli, ["key", "create", "--owner", "ci", "--scope", "write", "--jobs-limit", "5/minute", "--json"]
+    )
     assert created.exit_code == 0, created.output
     data = json.loads(created.stdout)
     store = ApiKeyStore(database)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.services import require_nats, require_rabbitmq, require_redis
-
 from alloy.cluster.dependencies import (
     check_database,
     check_gpu_nodes,
@@ -19,6 +17,7 @@ from alloy.cluster.dependencies import (
 from alloy.config import Settings
 from alloy.control.ports import pick_port_block
 from alloy.errors import AlloyError, ErrorCode
+from tests.services import require_nats, require_rabbitmq, require_redis
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
@@ -55,9 +54,13 @@ def test_object_store_probe_leaves_nothing(artifact_store):
 
 
 def test_object_store_unreachable_s3_fails_fast(tmp_path, closed_port):
-    settings = Settings(data_dir=tmp_path, artifacts={"uri": "s3://nowhere/x",
-                        "s3": {"endpoint_url": f"http://127.0.0.1:{closed_port}", "access_key_id": "k",
-                               "secret_access_key": "s"}})
+    settings = Settings(
+        data_dir=tmp_path,
+        artifacts={
+            "uri": "s3://nowhere/x",
+            "s3": {"endpoint_url": f"http://127.0.0.1:{closed_port}", "access_key_id": "k", "secret_access_key": "s"},
+        },
+    )
     report = validate_dependencies(settings, timeout_s=2)
     store = next(c for c in report.checks if c.name == "object store")
     assert not store.ok and store.duration_s < 30
@@ -65,11 +68,14 @@ def test_object_store_unreachable_s3_fails_fast(tmp_path, closed_port):
     assert report.checks[0].ok  # the SQLite database in tmp_path is fine
 
 
-@pytest.mark.parametrize("url, expected", [
-    (AMQP_URL, "AMQP 0-9-1 login as 'guest'"),
-    (NATS_URL, "CONNECT/PING ok"),
-    (REDIS_URL, "PING ok"),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        (AMQP_URL, "AMQP 0-9-1 login as 'guest'"),
+        (NATS_URL, "CONNECT/PING ok"),
+        (REDIS_URL, "PING ok"),
+    ],
+)
 def test_message_queue_handshakes(url, expected):
     REQUIRE_BROKER[url.split(":", 1)[0]]()
     check = check_message_queue(url, timeout_s=5)
@@ -77,13 +83,16 @@ def test_message_queue_handshakes(url, expected):
     assert expected in check.detail
 
 
-@pytest.mark.parametrize("url, reason", [
-    ("amqp://guest:wrong@127.0.0.1:5672/", "ACCESS_REFUSED"),
-    ("amqp://guest:guest@127.0.0.1:5672/no-such-vhost", "vhost"),
-    ("redis://:wrong@127.0.0.1:6379/0", "authentication refused"),
-    ("nats://127.0.0.1:6379", "timed out"),  # a Redis port does not speak NATS
-    ("kafka://127.0.0.1:9092", "unsupported scheme"),
-])
+@pytest.mark.parametrize(
+    "url, reason",
+    [
+        ("amqp://guest:wrong@127.0.0.1:5672/", "ACCESS_REFUSED"),
+        ("amqp://guest:guest@127.0.0.1:5672/no-such-vhost", "vhost"),
+        ("redis://:wrong@127.0.0.1:6379/0", "authentication refused"),
+        ("nats://127.0.0.1:6379", "timed out"),  # a Redis port does not speak NATS
+        ("kafka://127.0.0.1:9092", "unsupported scheme"),
+    ],
+)
 def test_message_queue_refusals_say_why(url, reason):
     if url.startswith(tuple(REQUIRE_BROKER)):
         REQUIRE_BROKER[url.split(":", 1)[0]]()
@@ -106,8 +115,9 @@ def test_gpu_nodes_check_uses_the_given_count():
 
 
 def test_validate_names_every_failure_in_one_error(tmp_path, closed_port):
-    settings = Settings(data_dir=tmp_path, profile="gpu",
-                        message_queue_url=f"amqp://guest:topsecret@127.0.0.1:{closed_port}/")
+    settings = Settings(
+        data_dir=tmp_path, profile="gpu", message_queue_url=f"amqp://guest:topsecret@127.0.0.1:{closed_port}/"
+    )
     report = validate_dependencies(settings, gpu_count=lambda: 0, timeout_s=2)
     assert [c.name for c in report.checks] == ["database", "object store", "message queue", "GPU nodes"]
     assert [c.name for c in report.failures] == ["message queue", "GPU nodes"]
@@ -135,9 +145,17 @@ def test_cpu_profile_without_queue_checks_database_and_store_only(tmp_path):
 def test_all_real_dependencies_pass(tmp_path, s3_server, make_database_url):
     require_rabbitmq()
     settings = Settings(
-        data_dir=tmp_path, database={"url": make_database_url("postgresql")}, message_queue_url=AMQP_URL,
-        artifacts={"uri": s3_server.new_uri(), "s3": {"endpoint_url": s3_server.endpoint_url,
-                   "access_key_id": "alloy-test-key", "secret_access_key": "alloy-test-secret"}},
+        data_dir=tmp_path,
+        database={"url": make_database_url("postgresql")},
+        message_queue_url=AMQP_URL,
+        artifacts={
+            "uri": s3_server.new_uri(),
+            "s3": {
+                "endpoint_url": s3_server.endpoint_url,
+                "access_key_id": "alloy-test-key",
+                "secret_access_key": "alloy-test-secret",
+            },
+        },
     )
     report = validate_dependencies(settings)
     assert report.ok, report.failures

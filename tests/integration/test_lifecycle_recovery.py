@@ -30,13 +30,11 @@ def scratch(tmp_path):
 
 @pytest.fixture
 def recovery(database, artifact_store, models, scratch) -> Recovery:
-    return Recovery(database, artifact_store, models=models, state=ClusterStateStore(database),
-                    scratch_dirs=[scratch])
+    return Recovery(database, artifact_store, models=models, state=ClusterStateStore(database), scratch_dirs=[scratch])
 
 
 def merge_request(output: str = "merged") -> dict:
-    return {"models": ["tiny-a", "tiny-b"], "strategy": "slerp", "parameters": {"t": 0.5},
-            "output_model_id": output}
+    return {"models": ["tiny-a", "tiny-b"], "strategy": "slerp", "parameters": {"t": 0.5}, "output_model_id": output}
 
 
 def start_job(jobs: JobStore, kind: str, request: dict, *states: str) -> str:
@@ -104,7 +102,8 @@ def test_records_whose_artifacts_are_missing_are_marked_broken(recovery, artifac
     artifact_store.delete("models/tiny-b/model.safetensors")
     report = recovery.check()
     assert [(b.id, b.reason) for b in report.broken_records] == [
-        ("tiny-b", "file 'models/tiny-b/model.safetensors' is missing")]
+        ("tiny-b", "file 'models/tiny-b/model.safetensors' is missing")
+    ]
     repaired = recovery.repair(report)
     assert repaired.broken_marked == ["models/tiny-b"]
     marked = ClusterStateStore(database).get().recovery
@@ -122,8 +121,7 @@ def test_replay_dispatches_by_kind_and_fails_what_cannot_run(recovery, database)
     def broken_dispatch(job):
         raise ConnectionError("EvaluationEngine handle unavailable")
 
-    replay = recovery.replay({JobKind.MERGE: lambda job: dispatched.append(job.id),
-                              "evaluation": broken_dispatch})
+    replay = recovery.replay({JobKind.MERGE: lambda job: dispatched.append(job.id), "evaluation": broken_dispatch})
     assert dispatched == [merge] and replay.dispatched == [merge]
     assert set(replay.failed) == {evaluation, evolution}
     assert "EvaluationEngine handle unavailable" in jobs.get(evaluation).error.message
@@ -144,7 +142,14 @@ def test_an_interrupted_merge_reruns_to_completion(recovery, database, models, s
     job = jobs.get(job_id)
     assert job.state is JobState.COMPLETED and job.result["model_id"] == "merged" and job.attempts == 1
     assert [e.event for e in jobs.events(job_id)] == [
-        "created", "transition", "transition", "interrupted", "replayed", "transition", "transition"]
+        "created",
+        "transition",
+        "transition",
+        "interrupted",
+        "replayed",
+        "transition",
+        "transition",
+    ]
     assert models.get("merged").lineage["job_id"] == job_id
     assert recovery.check().consistent and not any(scratch.iterdir())
 

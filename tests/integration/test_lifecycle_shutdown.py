@@ -13,10 +13,21 @@ from alloy.cluster.state import ClusterState, ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.store import JobStore
 
-GRACEFUL_STEPS = ["reject submissions", "wait for active merges and evaluations", "flush tracker",
-                  "close registries", "terminate worker pools", "mark STOPPED"]
-FORCED_STEPS = ["cancel active tasks", "flush tracker (best effort)", "close registries (best effort)",
-                "terminate processes", "mark STOPPED"]
+GRACEFUL_STEPS = [
+    "reject submissions",
+    "wait for active merges and evaluations",
+    "flush tracker",
+    "close registries",
+    "terminate worker pools",
+    "mark STOPPED",
+]
+FORCED_STEPS = [
+    "cancel active tasks",
+    "flush tracker (best effort)",
+    "close registries (best effort)",
+    "terminate processes",
+    "mark STOPPED",
+]
 
 
 @pytest.fixture
@@ -44,6 +55,7 @@ class RecordingActions(ShutdownActions):
                 if name in fail:
                     raise RuntimeError(f"{name} broke")
                 return effect() if effect else name
+
             return run
 
         def cancel() -> str:
@@ -52,8 +64,12 @@ class RecordingActions(ShutdownActions):
                 jobs.requeue(job.id, "interrupted: forced shutdown")
             return f"cancelled {len(active)}"
 
-        super().__init__(cancel_active=action("cancel", cancel), flush_tracker=action("flush"),
-                         close_registries=action("close"), terminate_pools=action("terminate"))
+        super().__init__(
+            cancel_active=action("cancel", cancel),
+            flush_tracker=action("flush"),
+            close_registries=action("close"),
+            terminate_pools=action("terminate"),
+        )
 
 
 def running_job(jobs: JobStore, kind: str = "merge") -> str:
@@ -138,8 +154,12 @@ def test_forced_is_best_effort(state, jobs):
     report = Shutdown(state, jobs, actions).forced("operator asked: --force")
     assert actions.calls == ["cancel", "flush", "close", "terminate"]
     assert [(s.name, s.status) for s in report.run.steps] == [
-        ("cancel active tasks", "ok"), ("flush tracker (best effort)", "failed"),
-        ("close registries (best effort)", "failed"), ("terminate processes", "ok"), ("mark STOPPED", "ok")]
+        ("cancel active tasks", "ok"),
+        ("flush tracker (best effort)", "failed"),
+        ("close registries (best effort)", "failed"),
+        ("terminate processes", "ok"),
+        ("mark STOPPED", "ok"),
+    ]
     assert report.run.mode == "forced" and report.run.error == "operator asked: --force"
     assert state.state() is ClusterState.STOPPED and jobs.get(job_id).state.value == "CREATED"
 

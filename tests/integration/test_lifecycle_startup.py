@@ -57,9 +57,13 @@ class FakeServeLayer:
 
 
 def cold(serve: FakeServeLayer, **overrides):
-    steps = dict(load_configuration=load_configuration, validate_dependencies=dependency_validation(),
-                 connect_registries=connect_registries, initialise_pools=serve.initialise_pools,
-                 health_check=serve.health_check)
+    steps = dict(
+        load_configuration=load_configuration,
+        validate_dependencies=dependency_validation(),
+        connect_registries=connect_registries,
+        initialise_pools=serve.initialise_pools,
+        health_check=serve.health_check,
+    )
     steps.update(overrides)
     return cold_start(**steps)
 
@@ -122,12 +126,20 @@ def test_warm_start_skips_validation_and_restores_the_pool_snapshot(configured, 
     monkeypatch.setenv("ALLOY_MESSAGE_QUEUE_URL", "nats://127.0.0.1:29599")
     serve = FakeServeLayer()
     ctx = StartContext(mode="warm")
-    run = warm_start(load_configuration=load_configuration, connect_registries=connect_registries,
-                     restore_pools=serve.restore_pools, health_check=serve.health_check,
-                     skip_dependency_checks=True).run(ctx)
+    run = warm_start(
+        load_configuration=load_configuration,
+        connect_registries=connect_registries,
+        restore_pools=serve.restore_pools,
+        health_check=serve.health_check,
+        skip_dependency_checks=True,
+    ).run(ctx)
     assert [(s.name, s.status) for s in run.steps] == [
-        ("load configuration", "ok"), ("validate dependencies", "skipped"), ("restore worker pools", "ok"),
-        ("abbreviated health checks", "ok"), ("mark READY", "ok")]
+        ("load configuration", "ok"),
+        ("validate dependencies", "skipped"),
+        ("restore worker pools", "ok"),
+        ("abbreviated health checks", "ok"),
+        ("mark READY", "ok"),
+    ]
     assert ctx["restored"] == POOLS and state.state() is ClusterState.READY
 
 
@@ -135,9 +147,14 @@ def test_warm_start_without_the_flag_validates(configured, monkeypatch):
     monkeypatch.setenv("ALLOY_MESSAGE_QUEUE_URL", "nats://127.0.0.1:29599")
     serve = FakeServeLayer()
     with pytest.raises(AlloyError) as caught:
-        warm_start(load_configuration=load_configuration, connect_registries=connect_registries,
-                   validate_dependencies=dependency_validation(), restore_pools=serve.restore_pools,
-                   health_check=serve.health_check, skip_dependency_checks=False).run()
+        warm_start(
+            load_configuration=load_configuration,
+            connect_registries=connect_registries,
+            validate_dependencies=dependency_validation(),
+            restore_pools=serve.restore_pools,
+            health_check=serve.health_check,
+            skip_dependency_checks=False,
+        ).run()
     assert caught.value.details["step"] == "validate dependencies"
 
 

@@ -44,14 +44,17 @@ def test_full_lifecycle_persists_every_state(store, database):
         assert ClusterStateStore(database).state() is target
 
 
-@pytest.mark.parametrize("path, illegal", [
-    ([], "READY"),
-    ([], "DRAINING"),
-    (["START"], "DRAINING"),
-    (["START", "READY", "DRAINING"], "READY"),
-    (["START", "READY", "STOPPING"], "DRAINING"),
-    (["START", "READY"], "STOPPED"),
-])
+@pytest.mark.parametrize(
+    "path, illegal",
+    [
+        ([], "READY"),
+        ([], "DRAINING"),
+        (["START"], "DRAINING"),
+        (["START", "READY", "DRAINING"], "READY"),
+        (["START", "READY", "STOPPING"], "DRAINING"),
+        (["START", "READY"], "STOPPED"),
+    ],
+)
 def test_illegal_moves_are_conflicts(store, path, illegal):
     for step in path:
         store.begin_start("cold") if step == "START" else store.transition(step)
@@ -117,24 +120,33 @@ def test_pool_snapshot_round_trip_keeps_other_keys(store):
 
 
 def test_step_log_round_trip(store):
-    run = LifecycleRun(mode="cold", ok=True, total_s=1.5,
-                       steps=[StepLogEntry(name="load configuration", status="ok", duration_s=0.01)])
+    run = LifecycleRun(
+        mode="cold", ok=True, total_s=1.5, steps=[StepLogEntry(name="load configuration", status="ok", duration_s=0.01)]
+    )
     store.record_run("start", run)
     assert store.get().last_start.steps[0].name == "load configuration"
 
 
-@pytest.mark.parametrize("state, submission, refused", [
-    ("STOPPED", False, True),
-    ("STARTING", False, True),
-    ("READY", False, False),
-    ("READY", True, False),
-    ("DRAINING", False, False),
-    ("DRAINING", True, True),
-    ("STOPPING", True, True),
-])
+@pytest.mark.parametrize(
+    "state, submission, refused",
+    [
+        ("STOPPED", False, True),
+        ("STARTING", False, True),
+        ("READY", False, False),
+        ("READY", True, False),
+        ("DRAINING", False, False),
+        ("DRAINING", True, True),
+        ("STOPPING", True, True),
+    ],
+)
 def test_the_503_gate(store, state, submission, refused):
-    moves = {"STOPPED": [], "STARTING": ["START"], "READY": ["START", "READY"],
-             "DRAINING": ["START", "READY", "DRAINING"], "STOPPING": ["START", "READY", "STOPPING"]}[state]
+    moves = {
+        "STOPPED": [],
+        "STARTING": ["START"],
+        "READY": ["START", "READY"],
+        "DRAINING": ["START", "READY", "DRAINING"],
+        "STOPPING": ["START", "READY", "STOPPING"],
+    }[state]
     for move in moves:
         store.begin_start("cold") if move == "START" else store.transition(move)
     if not refused:

@@ -13,8 +13,9 @@ def test_the_gcs_refuses_to_drain_the_head_node(ray_cluster):
     import ray
 
     head = next(n for n in ray.nodes() if n.get("Alive") and "node:__internal_head__" in n["Resources"])
-    accepted, message = ray_private.drain_node(ray.get_runtime_context().gcs_address, head["NodeID"],
-                                               "test: the head cannot be drained", 0)
+    accepted, message = ray_private.drain_node(
+        ray.get_runtime_context().gcs_address, head["NodeID"], "test: the head cannot be drained", 0
+    )
     assert accepted is False and message
 
 

@@ -32,7 +32,9 @@ def files(tmp_path):
     train = tmp_path / "train.parquet"
     pq.write_table(pa.table({"text": ["good", "bad", "fine"], "label": [1, 0, 1]}), train)
     test = tmp_path / "test.jsonl"
-    test.write_text("\n".join(json.dumps({"text": t, "label": label}) for t, label in [("meh", 0), ("great", 1)]) + "\n")
+    test.write_text(
+        "\n".join(json.dumps({"text": t, "label": label}) for t, label in [("meh", 0), ("great", 1)]) + "\n"
+    )
     return {"train": train, "test": test}
 
 
@@ -59,10 +61,14 @@ def test_refusals(datasets, files, tmp_path):
         (lambda: datasets.register("d", files["train"]), ErrorCode.ALREADY_EXISTS),
         (lambda: datasets.register("../d", files["train"]), ErrorCode.VALIDATION_FAILED),
         (lambda: datasets.register("e", tmp_path / "missing.parquet"), ErrorCode.VALIDATION_FAILED),
-        (lambda: datasets.register("e", files, task={"type": "classification", "text_field": "text"}),
-         ErrorCode.VALIDATION_FAILED),
-        (lambda: datasets.register("e", files, task={"type": "perplexity", "text_field": "body"}),
-         ErrorCode.VALIDATION_FAILED),
+        (
+            lambda: datasets.register("e", files, task={"type": "classification", "text_field": "text"}),
+            ErrorCode.VALIDATION_FAILED,
+        ),
+        (
+            lambda: datasets.register("e", files, task={"type": "perplexity", "text_field": "body"}),
+            ErrorCode.VALIDATION_FAILED,
+        ),
         (lambda: datasets.register("e", {"bad split!": files["train"]}), ErrorCode.VALIDATION_FAILED),
         (lambda: datasets.read_split("d", "validation"), ErrorCode.NOT_FOUND),
         (lambda: datasets.get("nope"), ErrorCode.NOT_FOUND),
@@ -71,8 +77,10 @@ def test_refusals(datasets, files, tmp_path):
     csv.write_text("a,b\n1,2\n")
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{not json\n")
-    cases += [(lambda: datasets.register("e", csv), ErrorCode.VALIDATION_FAILED),
-              (lambda: datasets.register("e", broken), ErrorCode.VALIDATION_FAILED)]
+    cases += [
+        (lambda: datasets.register("e", csv), ErrorCode.VALIDATION_FAILED),
+        (lambda: datasets.register("e", broken), ErrorCode.VALIDATION_FAILED),
+    ]
     for call, code in cases:
         with pytest.raises(AlloyError) as caught:
             call()

@@ -21,8 +21,9 @@ def tiny_llama(tiny_model_factory):
 def registry(database, tiny_llama, tmp_path):
     from alloy.storage.artifacts import ArtifactStore
 
-    return ModelRegistry(database, ArtifactStore(tmp_path / "artifacts"), model_roots=[tiny_llama.parent],
-                         data_dir=tmp_path / "var")
+    return ModelRegistry(
+        database, ArtifactStore(tmp_path / "artifacts"), model_roots=[tiny_llama.parent], data_dir=tmp_path / "var"
+    )
 
 
 @pytest.fixture
@@ -151,8 +152,9 @@ def test_register_an_artifact_folder_in_place(any_store_registry, tiny_llama):
 def test_register_in_place_without_copying(database, tmp_path, tiny_llama):
     from alloy.storage.artifacts import ArtifactStore
 
-    registry = ModelRegistry(database, ArtifactStore(tmp_path / "artifacts"), model_roots=[tiny_llama.parent],
-                             data_dir=tmp_path / "var")
+    registry = ModelRegistry(
+        database, ArtifactStore(tmp_path / "artifacts"), model_roots=[tiny_llama.parent], data_dir=tmp_path / "var"
+    )
     record = registry.register("in-place", tiny_llama, copy_into_store=False)
     assert record.artifact_prefix is None and registry.local_dir("in-place") == tiny_llama.resolve()
     registry.delete("in-place")

@@ -15,11 +15,10 @@ import httpx
 import pytest
 import redis
 
-from tests.services import service_missing
-
 from alloy.storage.db import Database
 from alloy.storage.keys import ApiKeyStore
 from tests.security_helpers import serve_in_processes
+from tests.services import service_missing
 
 REDIS_URL = "redis://127.0.0.1:6379/11"
 MERGE_BODY = {"models": ["base", "tuned"], "strategy": "ties", "output_model": "merged"}
@@ -80,7 +79,9 @@ def test_job_limit_holds_exactly_across_two_replicas(replicas, redis_prefix):
         response = httpx.post(url + "/merge/execute", json=MERGE_BODY, headers={"X-API-Key": key})
         assert response.status_code == 429 and response.headers["x-ratelimit-remaining"] == "0"
         assert int(response.headers["retry-after"]) >= 1
-    assert any(k.decode().startswith(redis_prefix) for k in redis.Redis.from_url(REDIS_URL).scan_iter(match=f"{redis_prefix}*"))
+    assert any(
+        k.decode().startswith(redis_prefix) for k in redis.Redis.from_url(REDIS_URL).scan_iter(match=f"{redis_prefix}*")
+    )
 
 
 def test_per_key_read_limit_holds_across_replicas(replicas):

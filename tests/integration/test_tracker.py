@@ -52,7 +52,10 @@ def test_trials_upsert_by_id_and_filter_by_generation(tracker):
     tracker.flush()
     trials = tracker.trials(exp)
     assert [(t.trial_id, t.metrics["score"], t.parent_trial) for t in trials] == [
-        ("t0", 0.4, None), ("t1", 0.55, None), ("t2", 0.6, "t1")]
+        ("t0", 0.4, None),
+        ("t1", 0.55, None),
+        ("t2", 0.6, "t1"),
+    ]
     assert [t.trial_id for t in tracker.trials(exp, generation=1)] == ["t2"]
 
 
@@ -62,8 +65,10 @@ def test_experiments_get_list_and_unknown(tracker):
     page = tracker.list_experiments(limit=2)
     assert page.total == 3 and len(page.items) == 2
     assert tracker.list_experiments(kind="evolution").total == 2
-    for call in (lambda: tracker.get_experiment("nope"),
-                 lambda: tracker.log_result("nope", "m", None, None, "acc", 1.0)):
+    for call in (
+        lambda: tracker.get_experiment("nope"),
+        lambda: tracker.log_result("nope", "m", None, None, "acc", 1.0),
+    ):
         with pytest.raises(AlloyError) as caught:
             call()
         assert caught.value.code is ErrorCode.NOT_FOUND

@@ -41,8 +41,14 @@ def leftovers(world) -> list[Path]:
 
 
 def ties_request(output: str, **extra) -> MergeRequest:
-    return MergeRequest(models=["tune1", "tune2"], strategy="ties", base_model="base",
-                        parameters={"density": 0.5}, output_model_id=output, **extra)
+    return MergeRequest(
+        models=["tune1", "tune2"],
+        strategy="ties",
+        base_model="base",
+        parameters={"density": 0.5},
+        output_model_id=output,
+        **extra,
+    )
 
 
 def submit(world, request: MergeRequest) -> str:
@@ -58,7 +64,11 @@ def test_merge_job_runs_to_completed_and_registers_a_loadable_model(world):
     assert record.progress["percent"] == 100.0
     assert record.progress["tensors_done"] == record.progress["tensors_total"] > 0
     assert [e.to_state for e in world["jobs"].events(job_id)] == [
-        JobState.CREATED, JobState.PREPARING, JobState.RUNNING, JobState.COMPLETED]
+        JobState.CREATED,
+        JobState.PREPARING,
+        JobState.RUNNING,
+        JobState.COMPLETED,
+    ]
     model = world["registry"].get("merged")
     assert model.lineage["job_id"] == job_id
 
@@ -127,8 +137,15 @@ def test_the_sweeper_thread_dispatches_lost_jobs_and_leaves_its_own(world):
         world["jobs"].transition(job_id, JobState.PREPARING)
         world["jobs"].transition(job_id, JobState.RUNNING)
     dispatched = []
-    sweeper = OrphanSweeper(world["jobs"], JobKind.MERGE, stale_after_s=0, running_here=lambda: {own},
-                            dispatch=dispatched.append, interval_s=3600, first_after_s=0.01).start()
+    sweeper = OrphanSweeper(
+        world["jobs"],
+        JobKind.MERGE,
+        stale_after_s=0,
+        running_here=lambda: {own},
+        dispatch=dispatched.append,
+        interval_s=3600,
+        first_after_s=0.01,
+    ).start()
     try:
         deadline = threading.Event()
         for _ in range(200):
@@ -152,16 +169,25 @@ def test_model_cache_counts_hits_across_jobs_and_clears(world):
     assert runner.cache.stats().hit_rate == 0.0
 
 
-@pytest.mark.parametrize("request_fields, code", [
-    ({"strategy": "blend"}, ErrorCode.INVALID_STRATEGY),
-    ({"parameters": {"density": 7}}, ErrorCode.VALIDATION_FAILED),
-    ({"models": ["tune1", "ghost"]}, ErrorCode.MODEL_NOT_FOUND),
-    ({"models": ["tune1", "gpt"]}, ErrorCode.INCOMPATIBLE_MODELS),
-    ({"output_model_id": "tune3"}, ErrorCode.ALREADY_EXISTS),
-])
+@pytest.mark.parametrize(
+    "request_fields, code",
+    [
+        ({"strategy": "blend"}, ErrorCode.INVALID_STRATEGY),
+        ({"parameters": {"density": 7}}, ErrorCode.VALIDATION_FAILED),
+        ({"models": ["tune1", "ghost"]}, ErrorCode.MODEL_NOT_FOUND),
+        ({"models": ["tune1", "gpt"]}, ErrorCode.INCOMPATIBLE_MODELS),
+        ({"output_model_id": "tune3"}, ErrorCode.ALREADY_EXISTS),
+    ],
+)
 def test_synchronous_validation_errors(world, request_fields, code):
-    fields = {"models": ["tune1", "tune2"], "strategy": "ties", "base_model": "base",
-              "parameters": {"density": 0.5}, "output_model_id": "fresh", **request_fields}
+    fields = {
+        "models": ["tune1", "tune2"],
+        "strategy": "ties",
+        "base_model": "base",
+        "parameters": {"density": 0.5},
+        "output_model_id": "fresh",
+        **request_fields,
+    }
     with pytest.raises(AlloyError) as caught:
         validate_merge_request(MergeRequest(**fields), models=world["registry"], jobs=world["jobs"])
     assert caught.value.code is code
@@ -185,8 +211,9 @@ def test_a_job_requeued_while_its_runner_goes_on_stays_requeued_and_replays(worl
         world["jobs"].requeue(job_id, "interrupted: forced shutdown")
         return {"score": 1.0}
 
-    runner = MergeJobRunner(world["jobs"], world["registry"], world["tmp"] / "work", heartbeat_s=0.2,
-                            evaluate=evaluate_while_requeued)
+    runner = MergeJobRunner(
+        world["jobs"], world["registry"], world["tmp"] / "work", heartbeat_s=0.2, evaluate=evaluate_while_requeued
+    )
     record = runner.run(job_id)
 
     assert record.state is JobState.CREATED and record.attempts == 1, (record.state, record.error)

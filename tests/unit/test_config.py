@@ -58,7 +58,11 @@ def test_s3_storage_options(config_file):
     )
     settings = load_settings()
     assert settings.artifacts_uri == "s3://bucket/prefix"
-    assert settings.storage_options == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}, "key": "a", "secret": "b"}
+    assert settings.storage_options == {
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
+        "key": "a",
+        "secret": "b",
+    }
 
 
 def test_reload_increments_version_and_keeps_old_on_error(config_file):

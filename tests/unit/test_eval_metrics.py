@@ -32,12 +32,14 @@ class TableLM(torch.nn.Module):
 
 
 def _table() -> torch.Tensor:
-    return torch.tensor([
-        [2.0, 0.0, 0.0, 0.0],
-        [0.0, 1.0, 3.0, 0.0],
-        [1.0, 1.0, 1.0, 1.0],
-        [0.0, 0.0, 0.0, 5.0],
-    ])
+    return torch.tensor(
+        [
+            [2.0, 0.0, 0.0, 0.0],
+            [0.0, 1.0, 3.0, 0.0],
+            [1.0, 1.0, 1.0, 1.0],
+            [0.0, 0.0, 0.0, 5.0],
+        ]
+    )
 
 
 def test_perplexity_of_three_tokens_matches_hand_computation():
@@ -74,7 +76,11 @@ def test_sequence_nll_counts_only_real_targets():
 def test_loglik_choices_pick_the_likelier_continuation():
     model = TableLM(_table())
     # after token 1 the model prefers 2; after 3 it prefers 3
-    items = [ChoiceItem([1], [[0], [2]], label=1), ChoiceItem([3], [[3], [1]], label=0), ChoiceItem([1], [[1], [2, 2, 2, 2]], label=1)]
+    items = [
+        ChoiceItem([1], [[0], [2]], label=1),
+        ChoiceItem([3], [[3], [1]], label=0),
+        ChoiceItem([1], [[1], [2, 2, 2, 2]], label=1),
+    ]
     assert choice_predictions(model, items, pad_id=0, batch_size=3) == [1, 0, 0]
     # the four tokens "2 2 2 2" are less likely in sum than the single "1", more likely per token
     p = torch.log_softmax(_table(), -1)

@@ -51,12 +51,15 @@ def test_register_preset_is_idempotent(stack, tiny_zoo):
 def test_evaluate_model_logs_results_and_matches_local_scoring(stack, tiny_zoo):
     results = stack.evaluate_model("tiny-enc-ft-letters", ["tiny-letters", "tiny-case"], split="test")
     assert [(r.dataset_id, r.metric, r.split, r.n) for r in results] == [
-        ("tiny-letters", "accuracy", "test", 96), ("tiny-case", "accuracy", "test", 64)]
+        ("tiny-letters", "accuracy", "test", 96),
+        ("tiny-case", "accuracy", "test", 64),
+    ]
     logged = stack.tracker.results(stack.last_experiment_id)
     assert {(m.dataset_id, m.metric): m.value for m in logged} == {(r.dataset_id, r.metric): r.value for r in results}
     # the same numbers from the preset's local folders (no registry in between)
-    local = CandidateEvaluator(tiny_zoo.model("tiny-enc-base").path, LocalDatasets(tiny_zoo.datasets),
-                               ["tiny-letters", "tiny-case"], "test")
+    local = CandidateEvaluator(
+        tiny_zoo.model("tiny-enc-base").path, LocalDatasets(tiny_zoo.datasets), ["tiny-letters", "tiny-case"], "test"
+    )
     scores = local.score(load_file(str(tiny_zoo.model("tiny-enc-ft-letters").path / "model.safetensors")))
     assert scores["tiny-letters"] == pytest.approx(results[0].value)
     assert scores["tiny-case"] == pytest.approx(results[1].value)
@@ -75,8 +78,12 @@ def test_candidate_evaluator_equals_evaluating_the_saved_model(stack, tiny_zoo):
 
 
 def test_causal_lm_perplexity_and_loglik(stack):
-    results = {r.dataset_id: r for r in stack.evaluate_model(
-        "tiny-lm-ft-words", ["tiny-ppl-words", "tiny-ppl-sums", "tiny-lm-kind"], split="test")}
+    results = {
+        r.dataset_id: r
+        for r in stack.evaluate_model(
+            "tiny-lm-ft-words", ["tiny-ppl-words", "tiny-ppl-sums", "tiny-lm-kind"], split="test"
+        )
+    }
     assert results["tiny-ppl-words"].metric == "perplexity"
     assert results["tiny-ppl-words"].value < results["tiny-ppl-sums"].value  # trained on words
     [base] = stack.evaluate_model("tiny-lm-base", ["tiny-ppl-words"], split="test")
@@ -96,23 +103,27 @@ def test_run_job_completes_with_progress_and_results(stack):
 
 
 def test_run_job_with_several_models_as_the_http_api_sends_them(stack):
-    job = stack.jobs.create("evaluation", {"models": ["tiny-enc-base", "tiny-enc-ft-case"], "datasets": ["tiny-case"],
-                                           "split": "dev"})
+    job = stack.jobs.create(
+        "evaluation", {"models": ["tiny-enc-base", "tiny-enc-ft-case"], "datasets": ["tiny-case"], "split": "dev"}
+    )
     done = stack.run_job(job.id)
     assert done.state.value == "COMPLETED", done.error
     assert [r["model_id"] for r in done.result["results"]] == ["tiny-enc-base", "tiny-enc-ft-case"]
     assert done.progress["percent"] == 100.0
 
 
-@pytest.mark.parametrize("request_body, code", [
-    ({"model_id": "nope", "datasets": ["tiny-case"]}, "MODEL_NOT_FOUND"),
-    ({"model_id": "tiny-enc-base", "datasets": ["no-such-dataset"]}, "NOT_FOUND"),
-    ({"model_id": "tiny-enc-base", "datasets": []}, "VALIDATION_FAILED"),
-    ({"model_id": "tiny-enc-base", "models": ["tiny-enc-base"], "datasets": ["tiny-case"]}, "VALIDATION_FAILED"),
-    ({"models": ["tiny-enc-base", "nope"], "datasets": ["tiny-case"]}, "MODEL_NOT_FOUND"),
-    ({"model_id": "tiny-enc-base", "datasets": ["tiny-ppl-words"], "split": "dev"}, "VALIDATION_FAILED"),
-    ({"model_id": "tiny-enc-base", "datasets": ["tiny-case"], "split": "nosuchsplit"}, "NOT_FOUND"),
-])
+@pytest.mark.parametrize(
+    "request_body, code",
+    [
+        ({"model_id": "nope", "datasets": ["tiny-case"]}, "MODEL_NOT_FOUND"),
+        ({"model_id": "tiny-enc-base", "datasets": ["no-such-dataset"]}, "NOT_FOUND"),
+        ({"model_id": "tiny-enc-base", "datasets": []}, "VALIDATION_FAILED"),
+        ({"model_id": "tiny-enc-base", "models": ["tiny-enc-base"], "datasets": ["tiny-case"]}, "VALIDATION_FAILED"),
+        ({"models": ["tiny-enc-base", "nope"], "datasets": ["tiny-case"]}, "MODEL_NOT_FOUND"),
+        ({"model_id": "tiny-enc-base", "datasets": ["tiny-ppl-words"], "split": "dev"}, "VALIDATION_FAILED"),
+        ({"model_id": "tiny-enc-base", "datasets": ["tiny-case"], "split": "nosuchsplit"}, "NOT_FOUND"),
+    ],
+)
 def test_run_job_fails_with_codes(stack, request_body, code):
     job = stack.jobs.create("evaluation", request_body)
     failed = stack.run_job(job.id)
@@ -131,7 +142,13 @@ def test_cache_counts_hits_and_clears(stack):
 
 
 def test_post_merge_evaluation_of_a_folder(stack, tiny_zoo):
-    summary = evaluate_model_dir(tiny_zoo.model("tiny-enc-ft-case").path, ["tiny-case"], "dev",
-                                 datasets=stack.datasets, db=stack.models.db, model_id="merged-x")
+    summary = evaluate_model_dir(
+        tiny_zoo.model("tiny-enc-ft-case").path,
+        ["tiny-case"],
+        "dev",
+        datasets=stack.datasets,
+        db=stack.models.db,
+        model_id="merged-x",
+    )
     assert summary["metrics"]["tiny-case"]["accuracy"] == pytest.approx(summary["results"][0]["value"])
     assert summary["experiment_id"] is not None

@@ -13,9 +13,14 @@ from evolution.genome import FrankenGenome, GenomeSpace
 
 
 def ties_space(**overrides) -> GenomeSpace:
-    fields = dict(strategy="ties", models=["org/a", "b"], base_model="org/base",
-                  per_model={"weight": [0.0, 1.0, 0.5], "density": [0.1, 1.0]},
-                  global_parameters={"lambda": [0.1, 2.0, 1.0]}, fixed={"normalize": True})
+    fields = dict(
+        strategy="ties",
+        models=["org/a", "b"],
+        base_model="org/base",
+        per_model={"weight": [0.0, 1.0, 0.5], "density": [0.1, 1.0]},
+        global_parameters={"lambda": [0.1, 2.0, 1.0]},
+        fixed={"normalize": True},
+    )
     fields.update(overrides)
     return GenomeSpace(**fields)
 
@@ -66,21 +71,26 @@ def test_a_spread_population_stays_near_the_seed_individual():
 
     def mean_distance(members):  # in units of each gene's range
         genes = space.genes()
-        return sum(sum(abs(m[g.name] - seed[g.name]) / (g.bounds.high - g.bounds.low) for g in genes) / len(genes)
-                   for m in members) / len(members)
+        return sum(
+            sum(abs(m[g.name] - seed[g.name]) / (g.bounds.high - g.bounds.low) for g in genes) / len(genes)
+            for m in members
+        ) / len(members)
 
     assert mean_distance(near) < 0.08 < 0.2 < mean_distance(uniform)  # E|N(0, 0.05)| = 0.04; uniform ~ 0.3
     assert all(g.bounds.low <= m[g.name] <= g.bounds.high for m in near for g in space.genes())
     assert len({tuple(sorted(m.items())) for m in near}) == len(near)
 
 
-@pytest.mark.parametrize("bad", [
-    {"strategy": "ties", "per_model": {"lambda": [0, 1]}},  # global parameter searched per model
-    {"strategy": "ties", "per_model": {"density": [0, 2]}},  # outside its legal range
-    {"strategy": "ties", "per_model": {"bogus": [0, 1]}},
-    {"strategy": "nonsense"},
-    {"strategy": "ties", "per_model": {"weight": [1, 0]}},  # low above high
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"strategy": "ties", "per_model": {"lambda": [0, 1]}},  # global parameter searched per model
+        {"strategy": "ties", "per_model": {"density": [0, 2]}},  # outside its legal range
+        {"strategy": "ties", "per_model": {"bogus": [0, 1]}},
+        {"strategy": "nonsense"},
+        {"strategy": "ties", "per_model": {"weight": [1, 0]}},  # low above high
+    ],
+)
 def test_spaces_that_could_decode_to_refused_recipes_are_rejected(bad):
     with pytest.raises((ValidationError, ValueError)):
         ties_space(**bad)
@@ -95,8 +105,9 @@ def test_validate_genome_refuses_foreign_genes_and_clips_strays():
 
 
 def test_franken_layer_order_genome_decodes_to_slices():
-    space = GenomeSpace(strategy="franken_merge", models=["a", "b"],
-                        franken=FrankenGenome(slots=3, num_layers=4, max_slice=2))
+    space = GenomeSpace(
+        strategy="franken_merge", models=["a", "b"], franken=FrankenGenome(slots=3, num_layers=4, max_slice=2)
+    )
     rng = random.Random(5)
     for genome in [space.initial(), *(space.sample(rng) for _ in range(20))]:
         recipe = validate_recipe(space.decode(genome))
@@ -106,14 +117,21 @@ def test_franken_layer_order_genome_decodes_to_slices():
             assert 0 <= start < end <= 4 and end - start <= 2
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "configs").glob("evolve-*.yaml")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).resolve().parents[2] / "configs").glob("evolve-*.yaml")), ids=lambda p: p.name
+)
 def test_every_shipped_evolution_config_is_a_valid_request_with_a_valid_genome(path):
     from evolution.config import load_spec_file
 
     spec = load_spec_file(path)
-    space = GenomeSpace(strategy=spec.strategy, models=["a", "b", "c"], base_model="base",
-                        per_model=spec.genome.per_model, global_parameters=spec.genome.global_parameters,
-                        fixed=spec.genome.fixed, layer_groups=spec.genome.layer_groups)
+    space = GenomeSpace(
+        strategy=spec.strategy,
+        models=["a", "b", "c"],
+        base_model="base",
+        per_model=spec.genome.per_model,
+        global_parameters=spec.genome.global_parameters,
+        fixed=spec.genome.fixed,
+        layer_groups=spec.genome.layer_groups,
+    )
     for genome in space.population(spec.search.population, seed=spec.search.seed, spread=spec.search.init_spread):
         validate_recipe(space.decode(genome))

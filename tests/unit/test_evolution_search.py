@@ -33,8 +33,14 @@ class FakeController:
 
 def restored_scheduler(trials) -> GenomePBT:
     """A scheduler as Tuner.restore rebuilds it: fresh state for trials that are already mid-run."""
-    scheduler = GenomePBT(time_attr="generation", metric="fitness", mode="max", perturbation_interval=1,
-                          synch=True, custom_explore_fn=lambda config: config)
+    scheduler = GenomePBT(
+        time_attr="generation",
+        metric="fitness",
+        mode="max",
+        perturbation_interval=1,
+        synch=True,
+        custom_explore_fn=lambda config: config,
+    )
     for trial in trials:
         scheduler._trial_state[trial] = _PBTTrialState(trial)
     return scheduler

@@ -44,10 +44,13 @@ def test_a_body_result_completes_the_job_and_the_heartbeat_beats_while_it_runs(j
     assert seen["heartbeat"] is not None
 
 
-@pytest.mark.parametrize("error, code", [
-    (AlloyError(ErrorCode.MODEL_NOT_FOUND, "no such model"), "MODEL_NOT_FOUND"),
-    (RuntimeError("boom"), "INTERNAL_ERROR"),
-])
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (AlloyError(ErrorCode.MODEL_NOT_FOUND, "no such model"), "MODEL_NOT_FOUND"),
+        (RuntimeError("boom"), "INTERNAL_ERROR"),
+    ],
+)
 def test_a_failing_body_fails_the_job_with_a_code_and_undoes_its_outputs(jobs, error, code):
     calls: list[str] = []
 

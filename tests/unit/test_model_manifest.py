@@ -14,8 +14,12 @@ from alloy.model_manifest import read_manifest
 
 def write_model(folder, tensors, config=None):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config or {"model_type": "llama", "num_hidden_layers": 1,
-                                                              "hidden_size": 4, "architectures": ["LlamaForCausalLM"]}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            config
+            or {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 4, "architectures": ["LlamaForCausalLM"]}
+        )
+    )
     save_file(tensors, str(folder / "model.safetensors"))
     return folder
 

@@ -11,15 +11,18 @@ import pytest
 from alloy.control import ray_private
 
 
-@pytest.mark.parametrize("module, name", [
-    ("ray._raylet", "AuthenticationTokenLoader"),
-    ("ray._raylet", "Config"),
-    ("ray._raylet", "GcsClient"),
-    ("ray.serve._private.api", "serve_start"),
-    ("ray.core.generated.autoscaler_pb2", "DrainNodeReason"),
-    ("ray._private.auto_init_hook", "enable_auto_connect"),
-    ("ray.serve._private.router", "SingletonThreadRouter"),
-])
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("ray._raylet", "AuthenticationTokenLoader"),
+        ("ray._raylet", "Config"),
+        ("ray._raylet", "GcsClient"),
+        ("ray.serve._private.api", "serve_start"),
+        ("ray.core.generated.autoscaler_pb2", "DrainNodeReason"),
+        ("ray._private.auto_init_hook", "enable_auto_connect"),
+        ("ray.serve._private.router", "SingletonThreadRouter"),
+    ],
+)
 def test_the_private_symbol_exists(module, name):
     assert hasattr(importlib.import_module(module), name)
 

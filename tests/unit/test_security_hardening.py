@@ -17,8 +17,26 @@ SERVICE_PACKAGES = ("alloy", "kernels", "deployments", "serve_app", "evolution")
 
 VALID_IDS = ["llama-3", "Qwen2.5-0.5B", "org/model_v1.2", "a", "x" * 128, "o" * 31 + "/" + "n" * 128]
 INVALID_IDS = [
-    "", "../etc/passwd", "a/../b", "a..b", "/abs", "org/", "/name", "a/b/c", "-dash", ".hidden", "org/.x",
-    "has space", "semi;colon", "back\\slash", "nul\x00", "x" * 129, "o" * 32 + "/n", "ünïcode", "q?x=1", "a%2Fb",
+    "",
+    "../etc/passwd",
+    "a/../b",
+    "a..b",
+    "/abs",
+    "org/",
+    "/name",
+    "a/b/c",
+    "-dash",
+    ".hidden",
+    "org/.x",
+    "has space",
+    "semi;colon",
+    "back\\slash",
+    "nul\x00",
+    "x" * 129,
+    "o" * 32 + "/n",
+    "ünïcode",
+    "q?x=1",
+    "a%2Fb",
 ]
 
 
@@ -58,8 +76,20 @@ def test_confined_path(tmp_path):
 
 # -- no unsafe deserialisation ---------------------------------------------------------------------------------
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "shelve", "marshal", "jsonpickle"}
-UNSAFE_CALLS = {"pickle.load", "pickle.loads", "pd.read_pickle", "pandas.read_pickle", "yaml.unsafe_load",
-                "yaml.full_load", "yaml.load", "torch.load", "np.load", "numpy.load", "eval", "exec"}
+UNSAFE_CALLS = {
+    "pickle.load",
+    "pickle.loads",
+    "pd.read_pickle",
+    "pandas.read_pickle",
+    "yaml.unsafe_load",
+    "yaml.full_load",
+    "yaml.load",
+    "torch.load",
+    "np.load",
+    "numpy.load",
+    "eval",
+    "exec",
+}
 
 
 def _dotted(node: ast.AST) -> str:

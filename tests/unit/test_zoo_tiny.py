@@ -36,7 +36,13 @@ def _digest(path) -> str:
 def test_tiny_manifest_lists_models_and_datasets(tiny):
     assert tiny.preset == "tiny" and tiny.build_seconds < 120
     assert {m.model_id for m in tiny.models} == {
-        "tiny-enc-base", "tiny-enc-ft-letters", "tiny-enc-ft-case", "tiny-lm-base", "tiny-lm-ft-words", "tiny-lm-ft-sums"}
+        "tiny-enc-base",
+        "tiny-enc-ft-letters",
+        "tiny-enc-ft-case",
+        "tiny-lm-base",
+        "tiny-lm-ft-words",
+        "tiny-lm-ft-sums",
+    }
     for model in tiny.models:
         assert (model.path / "model.safetensors").exists() and (model.path / "tokenizer.json").exists()
     for dataset in tiny.datasets:
@@ -46,8 +52,9 @@ def test_tiny_manifest_lists_models_and_datasets(tiny):
 
 
 def test_fine_tunes_gain_on_their_own_task(tiny):
-    evaluator = CandidateEvaluator(tiny.model("tiny-enc-base").path, LocalDatasets(tiny.datasets),
-                                   ["tiny-letters", "tiny-case"], "test")
+    evaluator = CandidateEvaluator(
+        tiny.model("tiny-enc-base").path, LocalDatasets(tiny.datasets), ["tiny-letters", "tiny-case"], "test"
+    )
     base = evaluator.score_loaded()
     for model_id, task in (("tiny-enc-ft-letters", "tiny-letters"), ("tiny-enc-ft-case", "tiny-case")):
         tuned = evaluator.score(load_file(str(tiny.model(model_id).path / "model.safetensors")))
@@ -68,7 +75,9 @@ def test_finished_build_is_reused_and_staging_leftovers_are_removed(tiny, data_d
 def test_forced_rebuild_is_atomic_and_reproducible(tiny, tmp_path):
     other = build_preset("tiny", tmp_path)
     for model in tiny.models:
-        assert _digest(model.path / "model.safetensors") == _digest(other.model(model.model_id).path / "model.safetensors")
+        assert _digest(model.path / "model.safetensors") == _digest(
+            other.model(model.model_id).path / "model.safetensors"
+        )
     for dataset in tiny.datasets:
         assert _digest(dataset.split_path("test")) == _digest(other.dataset(dataset.dataset_id).split_path("test"))
     (tmp_path / "zoo" / ".staging-tiny-1").mkdir()
@@ -83,7 +92,8 @@ def test_missing_sources_fail_with_the_install_command(monkeypatch, tmp_path):
         sources.wordnet_dir()
     assert error.value.message.endswith(
         "install it with: apt-get update && apt-get install -y --no-install-recommends "
-        "wordnet-base fortunes fortunes-de fortunes-es fortunes-it")
+        "wordnet-base fortunes fortunes-de fortunes-es fortunes-it"
+    )
     with pytest.raises(AlloyError) as error:  # whichever source is missing first, the message says how to fix it
         build_preset("encoder-5task", tmp_path)
     assert "install it with: " in error.value.message
@@ -112,8 +122,10 @@ def test_cli_build_and_list(tiny, data_dir):
 def test_cli_evaluate_a_folder(tiny, data_dir):
     from alloy.cli.evaluate import evaluate
 
-    result = CliRunner().invoke(evaluate, [str(tiny.model("tiny-lm-ft-words").path), "--preset", "tiny",
-                                           "--data-dir", str(data_dir), "--split", "dev"])
+    result = CliRunner().invoke(
+        evaluate,
+        [str(tiny.model("tiny-lm-ft-words").path), "--preset", "tiny", "--data-dir", str(data_dir), "--split", "dev"],
+    )
     assert result.exit_code == 0, result.output
     assert "tiny-ppl-words" in result.output and "perplexity" in result.output and "tiny-lm-kind" in result.output
 
@@ -128,9 +140,34 @@ def test_merge_quality_bench_runs_on_tiny(tiny, data_dir, capsys):
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # dataclasses look their module up there
     spec.loader.exec_module(bench)
-    assert bench.main(["--preset", "tiny", "--data-dir", str(data_dir), "--family", "tiny-enc-base",
-                       "--lambdas", "0.5", "--densities", "0.5", "--ties-lambdas", "1.0", "--dare-lambdas", "0.5"]) == 0
+    assert (
+        bench.main(
+            [
+                "--preset",
+                "tiny",
+                "--data-dir",
+                str(data_dir),
+                "--family",
+                "tiny-enc-base",
+                "--lambdas",
+                "0.5",
+                "--densities",
+                "0.5",
+                "--ties-lambdas",
+                "1.0",
+                "--dare-lambdas",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    for row in ("base (tiny-enc-base)", "each fine-tune on its own task", "uniform average", "task arithmetic λ=0.5",
-                "TIES keep 50% λ=1", "DARE drop 90% + TA λ=0.5"):
+    for row in (
+        "base (tiny-enc-base)",
+        "each fine-tune on its own task",
+        "uniform average",
+        "task arithmetic λ=0.5",
+        "TIES keep 50% λ=1",
+        "DARE drop 90% + TA λ=0.5",
+    ):
         assert f"| {row} |" in out

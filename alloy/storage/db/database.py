@@ -34,7 +34,7 @@ def normalize_url(url: str) -> str:
     """Plain ``postgresql://`` URLs get the psycopg 3 driver (psycopg2 is not a dependency)."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 
@@ -67,7 +67,7 @@ class Database:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @classmethod
-    def from_settings(cls, settings: "Settings") -> "Database":
+    def from_settings(cls, settings: Settings) -> Database:
         return cls(settings.database_url, echo=settings.database.echo)
 
     def __repr__(self) -> str:

@@ -128,9 +128,7 @@ class TrialRow(Base):
     __tablename__ = "trials"
     __table_args__ = (Index("ix_trials_experiment_generation", "experiment_id", "generation"),)
 
-    experiment_id: Mapped[str] = mapped_column(
-        ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True
-    )
+    experiment_id: Mapped[str] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
     trial_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     generation: Mapped[int] = mapped_column(Integer)
     genome: Mapped[dict[str, Any]] = mapped_column(PortableJSON, default=dict)

@@ -6,6 +6,8 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
+from alloy.errors import validation_failed
+
 T = TypeVar("T")
 
 MAX_PAGE_SIZE = 500
@@ -19,8 +21,6 @@ class Page(BaseModel, Generic[T]):
 
 
 def check_paging(offset: int, limit: int) -> None:
-    from alloy.errors import validation_failed
-
     if offset < 0:
         raise validation_failed("offset must be >= 0", offset=offset)
     if not 1 <= limit <= MAX_PAGE_SIZE:

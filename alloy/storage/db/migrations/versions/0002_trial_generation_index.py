@@ -6,10 +6,11 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-11-22
 """
+
 from alembic import op
 
-revision = '0002'
-down_revision = '0001'
+revision = "0002"
+down_revision = "0001"
 branch_labels = None
 depends_on = None
 
