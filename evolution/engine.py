@@ -16,11 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from alloy.errors import AlloyError, ErrorCode, not_found
-from alloy.evaluation.dataset_sources import LocalDatasets, RegistryDatasets
-from alloy.evaluation.loading import model_kind
 from alloy.jobs.skeleton import JobRun, JobRunner
 from alloy.jobs.store import JobKind, JobState, JobStore
 from alloy.merge.executor import execute_merge, merge_state_dicts
@@ -29,10 +25,10 @@ from alloy.registry.models import ModelRegistry
 from alloy.storage.artifacts import ArtifactStore
 from alloy.storage.db import Database
 from alloy.storage.tracker import ExperimentTracker
-from alloy.zoo.presets import build_preset, register_preset
 from evolution.config import EvolutionSpec, parse_spec
 from evolution.finalize import Finalist, finalists, lineage_of, plot_fitness
 from evolution.genome import GenomeSpace
+from evolution.inputs import ResolvedInputs, genome_space, resolve_inputs, skeleton_dir
 from evolution.parents import ParentArrays, as_tensors, load_parents, load_state_dict_arrays
 from evolution.runner import SearchOutcome, can_resume, run_search
 from evolution.scoring import CandidateScorer, InMemoryDatasets, ScorerSpec
@@ -43,17 +39,6 @@ log = logging.getLogger(__name__)
 
 CANCELLED = ErrorCode.CANCELLED.value
 EXPERIMENT_KIND = "evolution"
-
-
-class ResolvedInputs(BaseModel):
-    """Parents (model id -> local folder), the base, and the fitness datasets of one evolution."""
-
-    model_config = {"arbitrary_types_allowed": True}
-
-    parents: dict[str, Path]
-    base_model: str | None
-    dataset_ids: list[str]
-    source: Any  # a DatasetSource
 
 
 def experiment_id_for(job_id: str) -> str:
@@ -133,7 +118,7 @@ class EvolutionService:
             sink=sink,
             scorer=ScorerSpec(
                 run=job_id,
-                model_dir=str(self._skeleton_dir(inputs)),
+                model_dir=str(skeleton_dir(inputs)),
                 dataset_ids=inputs.dataset_ids,
                 split=spec.dev_split,
             ),
@@ -180,55 +165,12 @@ class EvolutionService:
 
     # ---- inputs -------------------------------------------------------------------------------------------
     def resolve_inputs(self, spec: EvolutionSpec) -> ResolvedInputs:
-        if spec.preset is not None:
-            return self._preset_inputs(spec)
-
-        parents = {model_id: self.models.local_dir(model_id) for model_id in spec.models}
-        if spec.base_model is not None:
-            parents = {spec.base_model: self.models.local_dir(spec.base_model), **parents}
-        return ResolvedInputs(
-            parents=parents,
-            base_model=spec.base_model,
-            dataset_ids=list(spec.datasets),
-            source=RegistryDatasets(self.datasets, self.store),
-        )
-
-    def _preset_inputs(self, spec: EvolutionSpec) -> ResolvedInputs:
-        manifest = build_preset(spec.preset, self.settings.data_dir)  # reuses a finished build
-        register_preset(manifest, self.models, self.datasets, store=self.store)
-        base_id = spec.base_model or manifest.base.model_id
-        model_ids = spec.models or [m.model_id for m in manifest.finetunes(base_id)]
-        base = manifest.model(base_id)
-        dataset_ids = spec.datasets or [
-            d.dataset_id for d in manifest.datasets if _dataset_model_kind(d.task) == _model_kind(base.path)
-        ]
-        parents = {base_id: base.path, **{m: manifest.model(m).path for m in model_ids}}
-        return ResolvedInputs(
-            parents=parents, base_model=base_id, dataset_ids=dataset_ids, source=LocalDatasets(manifest.datasets)
+        return resolve_inputs(
+            spec, data_dir=self.settings.data_dir, models=self.models, datasets=self.datasets, store=self.store
         )
 
     def genome_space(self, spec: EvolutionSpec, inputs: ResolvedInputs) -> GenomeSpace:
-        merged = [m for m in inputs.parents if m != inputs.base_model]
-        genome = spec.genome
-        try:
-            return GenomeSpace(
-                strategy=spec.strategy,
-                models=merged,
-                base_model=inputs.base_model,
-                per_model=genome.per_model,
-                global_parameters=genome.global_parameters,
-                fixed=genome.fixed,
-                layer_groups=genome.layer_groups,
-                franken=genome.franken,
-                dtype=spec.dtype,
-                seed=spec.search.seed,
-            )
-        except ValueError as exc:
-            raise AlloyError(ErrorCode.VALIDATION_FAILED, f"invalid genome: {exc}", {"field": "genome"}) from None
-
-    @staticmethod
-    def _skeleton_dir(inputs: ResolvedInputs) -> Path:
-        return inputs.parents[inputs.base_model] if inputs.base_model else next(iter(inputs.parents.values()))
+        return genome_space(spec, inputs)
 
     # ---- records ------------------------------------------------------------------------------------------
     def _experiment(self, job_id: str, spec: EvolutionSpec, space: GenomeSpace, owner: str | None) -> str:
@@ -296,7 +238,7 @@ class EvolutionService:
     ) -> dict[str, Any]:
         started = time.perf_counter()
         tensors = as_tensors(parents)
-        skeleton = str(self._skeleton_dir(inputs))
+        skeleton = str(skeleton_dir(inputs))
         data = InMemoryDatasets.read(inputs.source, inputs.dataset_ids, [spec.dev_split, spec.test_split])
         dev = CandidateScorer(
             ScorerSpec(model_dir=skeleton, dataset_ids=inputs.dataset_ids, split=spec.dev_split), data
@@ -406,19 +348,6 @@ class EvolutionService:
             return {"path": str(path)}
         info = self.store.put_file(f"evolutions/{job_id}/fitness.png", path)
         return {"key": info.key, "uri": info.uri, "size": info.size, "sha256": info.sha256}
-
-
-def _model_kind(model_dir: Path) -> str:
-    return model_kind(Path(model_dir))
-
-
-def _dataset_model_kind(task: dict[str, Any]) -> str:
-    # prototype-head classification scores encoders; perplexity and log-likelihood tasks score causal LMs
-    return (
-        "encoder"
-        if task.get("type") == "classification" and task.get("head", "prototypes") == "prototypes"
-        else "causal_lm"
-    )
 
 
 def _copy_tokenizer(source: Path, out_dir: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from alloy import components as c
 from alloy.errors import not_found
@@ -18,14 +18,11 @@ from alloy.storage.tracker import ExperimentTracker
 from evolution.config import EvolutionSpec
 from evolution.engine import EvolutionService
 from serve_app.context import api_context
+from serve_app.routing import owner as _owner
+from serve_app.routing import scope
 from serve_app.schemas import JobAccepted
-from serve_app.security import require_scope
 
 router = APIRouter(tags=["evolutions"])
-
-
-def _owner(request: Request) -> str | None:
-    return getattr(getattr(request.state, "principal", None), "owner", None)
 
 
 def _evolution(request: Request, job_id: str) -> JobRecord:
@@ -67,7 +64,7 @@ def _view(request: Request, job: JobRecord) -> dict[str, Any]:
     "/evolutions",
     status_code=202,
     response_model=JobAccepted,
-    dependencies=[Depends(require_scope("write"))],
+    dependencies=scope("write"),
     summary="Start an evolution job",
 )
 async def create_evolution(body: EvolutionSpec, request: Request, response: Response) -> JobAccepted:
@@ -90,7 +87,7 @@ async def create_evolution(body: EvolutionSpec, request: Request, response: Resp
 
 @router.get(
     "/evolutions/{job_id}",
-    dependencies=[Depends(require_scope("read"))],
+    dependencies=scope("read"),
     summary="Progress of an evolution: generation, best and median fitness, trials",
 )
 def get_evolution(job_id: str, request: Request) -> dict[str, Any]:
@@ -99,7 +96,7 @@ def get_evolution(job_id: str, request: Request) -> dict[str, Any]:
 
 @router.get(
     "/evolutions/{job_id}/trials",
-    dependencies=[Depends(require_scope("read"))],
+    dependencies=scope("read"),
     summary="Every evaluated candidate: genome, recipe, metrics, parent trial",
 )
 def evolution_trials(job_id: str, request: Request, generation: int | None = None) -> dict[str, Any]:
@@ -115,7 +112,7 @@ def evolution_trials(job_id: str, request: Request, generation: int | None = Non
 @router.post(
     "/evolutions/{job_id}/cancel",
     status_code=202,
-    dependencies=[Depends(require_scope("write"))],
+    dependencies=scope("write"),
     summary="Stop a running evolution (it ends FAILED with code CANCELLED)",
 )
 async def cancel_evolution(job_id: str, request: Request) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
@@ -22,12 +21,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from alloy.cluster.queue_checks import DependencyFailed, check_amqp, check_nats, check_redis
+from alloy.config import Settings
 from alloy.errors import AlloyError, ErrorCode
-
-if TYPE_CHECKING:
-    from alloy.config import Settings
-    from alloy.storage.artifacts import ArtifactStore
-    from alloy.storage.db import Database
+from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.db import Database
 
 DEFAULT_TIMEOUT_S = 5.0
 PROBE_PREFIX = ".alloy-probe"

@@ -34,7 +34,8 @@ from alloy.cluster.state import ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
 from alloy.registry.models import ModelRegistry
-from alloy.storage.artifacts import DIR_MANIFEST, PENDING_MARKER, STAGING, ArtifactCatalog, ArtifactStore
+from alloy.storage.artifact_catalog import ArtifactCatalog
+from alloy.storage.artifacts import DIR_MANIFEST, PENDING_MARKER, STAGING, ArtifactStore
 from alloy.storage.db import Database
 from alloy.storage.db.models import DatasetRow, ModelRow
 from alloy.storage.db.types import utcnow

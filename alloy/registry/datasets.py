@@ -20,7 +20,8 @@ from sqlalchemy.exc import IntegrityError
 
 from alloy.errors import AlloyError, ErrorCode, from_validation_error, not_found, validation_failed
 from alloy.registry.ids import check_id
-from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
+from alloy.storage.artifact_catalog import ArtifactCatalog
+from alloy.storage.artifacts import ArtifactStore
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import DatasetRow
 from alloy.storage.db.page import check_paging

@@ -17,7 +17,8 @@ from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_fail
 from alloy.ids import confined_path
 from alloy.model_manifest import PICKLE_SUFFIXES, ModelManifest, read_manifest
 from alloy.registry.ids import check_id, namespace_clashes
-from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
+from alloy.storage.artifact_catalog import ArtifactCatalog
+from alloy.storage.artifacts import ArtifactStore
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import ModelRow
 from alloy.storage.db.page import check_paging

@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.storage.artifacts import ArtifactCatalog, ArtifactStore
+from alloy.storage.artifact_catalog import ArtifactCatalog
+from alloy.storage.artifacts import ArtifactStore
 
 BLOB = bytes(range(256)) * 4096  # 1 MiB
 
