@@ -20,7 +20,7 @@ class ErrorCode(str, Enum):
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     GPU_UNAVAILABLE = "GPU_UNAVAILABLE"
     VALIDATION_FAILED = "VALIDATION_FAILED"
-    # Added by Alloy (documented in the README's error table).
+    # Added by Alloy (documented in docs/API.md's error table).
     UNAUTHENTICATED = "UNAUTHENTICATED"
     FORBIDDEN = "FORBIDDEN"
     NOT_FOUND = "NOT_FOUND"

@@ -57,7 +57,7 @@ _CODE_FOR_STATUS: dict[int, ErrorCode] = {
 
 
 class ErrorBody(BaseModel):
-    code: ErrorCode = Field(description="Stable machine-readable error code; see the error table in the README")
+    code: ErrorCode = Field(description="Stable machine-readable error code; see the error table in docs/API.md")
     message: str = Field(description="Human-readable explanation")
     details: dict[str, Any] = Field(default_factory=dict, description="Structured context, code-specific")
     request_id: str | None = Field(None, description="Same value as the X-Request-ID response header")

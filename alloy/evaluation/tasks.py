@@ -1,6 +1,6 @@
 """The evaluation task a dataset carries: the free-form ``task`` dict stored with it, parsed and checked.
 
-Three kinds (schema with examples in the README, "Evaluation"):
+Three kinds (schema with examples in docs/API.md, "Evaluation"):
 
 * ``perplexity``: causal LM perplexity over a text column.
 * ``classification``: a text column and an integer label column. ``head: "prototypes"`` scores sentence

@@ -37,7 +37,7 @@ def task_id(task_name: str) -> str:
 
 
 def prototype_task_dict(task: TextTask, scale: float = DEFAULT_SCALE) -> dict:
-    """The dataset's ``task`` record for prototype classification (schema: the README, "Evaluation")."""
+    """The dataset's ``task`` record for prototype classification (schema: docs/API.md, "Evaluation")."""
     return {
         "type": "classification",
         "model_kind": "encoder",

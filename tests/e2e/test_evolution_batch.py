@@ -1,4 +1,4 @@
-"""``ray job submit`` of the batch evolution onto the session cluster, exactly as the README (Evolution) tells an
+"""``ray job submit`` of the batch evolution onto the session cluster, exactly as docs/EVOLUTION.md tells an
 operator (token auth via ``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN``, ``--working-dir .``), with ``ALLOY_*`` settings
 in the runtime env pointing the driver at the session service's database and artifact folder; the job, its
 trials and the evolved model are then read back through the HTTP API."""

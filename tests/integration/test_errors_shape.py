@@ -97,10 +97,10 @@ def test_openapi_declares_the_error_shape(client):
 
 
 def test_every_code_has_one_documented_status():
-    """The README's error table lists every code with the status alloy.errors assigns it."""
+    """The API reference's error table lists every code with the status alloy.errors assigns it."""
     from pathlib import Path
 
-    table = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = (Path(__file__).resolve().parents[2] / "docs" / "API.md").read_text()
     for code, status in HTTP_STATUS.items():
         assert f"| `{code.value}` | {status} |" in table, code
     assert len(HTTP_STATUS) == len(ErrorCode)
