@@ -68,9 +68,11 @@ def plot_fitness(
     candidates: list[Candidate], path: str | Path, *, title: str, reference_lines: dict[str, float] | None = None
 ) -> Path:
     """PNG: best, median and worst dev-batch fitness per generation (plus optional reference levels)."""
+    # lazy: only the fitness plot needs matplotlib
     import matplotlib
 
     matplotlib.use("Agg")  # no display in a Serve replica or a job driver
+    # lazy: only the fitness plot needs matplotlib
     import matplotlib.pyplot as plt
 
     table = fitness_by_generation(candidates)

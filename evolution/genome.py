@@ -20,6 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kernels.registry import get_strategy
+
 Genome = dict[str, float]
 
 
@@ -281,8 +283,6 @@ class GenomeSpace(BaseModel):
 def _check_against_strategy(space: GenomeSpace) -> None:
     """Every searched parameter must be one the strategy declares, in its scope and inside its legal range, so a
     decoded genome is always a valid recipe (the search never wastes candidates on refused recipes)."""
-    from kernels.registry import get_strategy
-
     strategy = get_strategy(space.strategy)  # UnknownStrategyError (a ValueError) for an unknown name
     for scope, parameters in (("per_model", space.per_model), ("global", space.global_parameters)):
         for name, bounds in parameters.items():

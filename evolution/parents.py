@@ -18,6 +18,7 @@ ParentArrays = dict[str, dict[str, np.ndarray]]
 
 def load_state_dict_arrays(model_dir: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of a safetensors model folder as fp32 numpy (the dtype merges compute in)."""
+    # lazy: torch loads only in processes that handle tensors
     import torch
     from safetensors.torch import load_file
 
@@ -37,6 +38,7 @@ def load_parents(model_dirs: dict[str, Path]) -> ParentArrays:
 
 def as_tensors(parents: ParentArrays) -> dict[str, dict[str, torch.Tensor]]:  # noqa: F821
     """Zero-copy torch views of the shared arrays."""
+    # lazy: torch loads only in processes that handle tensors
     import torch
 
     with warnings.catch_warnings():

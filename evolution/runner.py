@@ -36,6 +36,7 @@ class SearchOutcome(BaseModel):
 
 
 def _trainable(parents: ParentArrays, data: Any, setup: TrialSetup, settings: SearchSettings):
+    # lazy: Ray Tune loads only in a process that runs a search
     from ray import tune
 
     # with_parameters puts parents and data in the object store once; every trial on a node maps the same bytes.
@@ -54,6 +55,7 @@ def experiment_path_of(storage_path: str | Path, run_name: str) -> Path:
 
 def can_resume(storage_path: str | Path, run_name: str) -> bool:
     """True when an interrupted run left a Tune experiment that ``Tuner.restore`` can continue."""
+    # lazy: Ray Tune loads only in a process that runs a search
     from ray import tune
 
     return tune.Tuner.can_restore(str(experiment_path_of(storage_path, run_name)))
@@ -74,6 +76,7 @@ def run_search(
 ) -> SearchOutcome:
     """Run (or resume) the search; every candidate reported in this process reaches ``sink`` and the outcome.
     (Tune's per-trial result files are not a complete record across PBT restarts; the callback is.)"""
+    # lazy: Ray Tune loads only in a process that runs a search
     from ray import tune
 
     storage_path = Path(storage_path).resolve()

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from alloy.errors import not_found, validation_failed
+from alloy.evaluation.candidate import CandidateEvaluator
 
 
 class InMemoryDatasets:
@@ -49,8 +50,6 @@ class CandidateScorer:
     """``score(state_dict, batch_indices) -> metrics`` with a ``fitness`` key (higher is better)."""
 
     def __init__(self, spec: ScorerSpec, data):
-        from alloy.evaluation.candidate import CandidateEvaluator
-
         self.spec = spec
         self.evaluator = CandidateEvaluator(
             spec.model_dir, data, spec.dataset_ids, spec.split, batch_size=spec.batch_size

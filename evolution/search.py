@@ -199,6 +199,7 @@ class OrdinalLimiter(ConcurrencyLimiter):
 
 
 def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.TuneConfig:
+    # lazy: only the cmaes search needs Optuna
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from alloy.merge.executor import merge_state_dicts
 from evolution.genome import Genome, GenomeSpace
 from evolution.parents import ParentArrays, as_tensors
 from evolution.scoring import ScorerSpec, cached_scorer
@@ -79,6 +80,7 @@ def rotating_batch(generation: int, size: int, batch_size: int | None, seed: int
 def _resume_state(trial_id: str, config: dict[str, Any], incarnation: str) -> CandidateState:
     """Where this trial continues from (the state *after which* it runs its next generation): its own checkpoint
     (PBT resuming a paused trial, or Tuner.restore), or the lineage in its config (PBT exploit)."""
+    # lazy: Ray Tune loads only in a process that runs a search
     from ray import tune
 
     lineage = CandidateState.model_validate(config.get(LINEAGE_KEY) or {})
@@ -114,10 +116,9 @@ def rotating_batches(
 
 
 def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any, setup: TrialSetup) -> None:
+    # lazy: torch loads only in processes that handle tensors
     import torch
     from ray import tune
-
-    from alloy.merge.executor import merge_state_dicts
 
     torch.set_num_threads(setup.torch_threads)
     trial_id = tune.get_context().get_trial_id()
@@ -178,6 +179,7 @@ def _examples(batch: dict[str, list[int] | None] | None, sizes: dict[str, int]) 
 
 
 def _report(result: dict[str, Any], state: CandidateState) -> None:
+    # lazy: Ray Tune loads only in a process that runs a search
     from ray import tune
 
     with tempfile.TemporaryDirectory(prefix="alloy-genome-") as folder:

@@ -6,6 +6,7 @@ import click
 
 
 def _database():
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.config import load_settings
     from alloy.storage.db import Database
 
@@ -37,6 +38,7 @@ def upgrade(revision: str) -> None:
 @db.command()
 def current() -> None:
     """Show the database's schema revision and whether it matches this release."""
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.errors import AlloyError
 
     database = _database()

@@ -26,8 +26,10 @@ def evaluate(
     threads: int,
 ) -> None:
     """Score MODEL_DIR on datasets of a built zoo preset and print one line per metric."""
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     import torch
 
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.cli.zoo import _data_dir
     from alloy.errors import AlloyError
     from alloy.evaluation.dataset_sources import LocalDatasets

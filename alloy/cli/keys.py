@@ -20,6 +20,7 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _store() -> ApiKeyStore:
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.config import load_settings
     from alloy.storage.db import Database
 
@@ -139,6 +140,7 @@ def revoke(key_id: str) -> None:
 @click.option("--quiet", is_flag=True, help="Print only the new key")
 def key_rotate(key_id: str, grace_seconds: int | None, as_json: bool, quiet: bool) -> None:
     """Issue a new key (new key ID) replacing KEY_ID; the old key stops working after the grace period."""
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.config import load_settings
 
     grace = grace_seconds if grace_seconds is not None else load_settings().auth.rotation_grace_seconds

@@ -49,8 +49,10 @@ def merge(
     quiet: bool,
 ) -> None:
     """Merge the models of RECIPE_FILE (Alloy or mergekit YAML) into the new folder OUT_DIR."""
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from tqdm import tqdm
 
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.merge.executor import execute_merge
     from alloy.merge.mergekit import load_recipe_yaml
 

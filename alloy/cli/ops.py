@@ -6,7 +6,9 @@ the persisted cluster state of :mod:`alloy.cluster.state`, which ``alloy status`
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -92,6 +94,7 @@ def start(
 ) -> None:
     """Start a local Ray cluster and the Alloy app (cold, or --warm); stays in the foreground until stopped
     (`alloy stop`, SIGTERM or Ctrl-C). SIGHUP reloads the configuration."""
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.control.local_run import reload_local, start_local
 
     if skip_dependency_checks and not warm:
@@ -144,6 +147,7 @@ def _reload(run, reload_local) -> None:
 
 
 def _stop(run, signals: _Signals) -> int:
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.control.local_run import StopRequest, stop_local, take_stop_request
 
     if run.head.process.poll() is not None:
@@ -171,8 +175,7 @@ def _stop(run, signals: _Signals) -> int:
 def stop(force: bool, timeout_s: float | None) -> None:
     """Stop the cluster started by ``alloy start``: graceful (drain active jobs, flush, close, terminate) or
     --force. Exits 2 when a graceful stop ran past its timeout and was forced."""
-    import os
-
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.control.local_run import StopRequest, local_settings, pid_alive, read_local_state, write_stop_request
 
     settings = local_settings()
@@ -204,6 +207,7 @@ def stop(force: bool, timeout_s: float | None) -> None:
 
 
 def _cluster_status(settings):
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.cluster.state import ClusterStateStore
     from alloy.storage.db import Database
 
@@ -219,8 +223,7 @@ def _cluster_status(settings):
 def status(as_json: bool) -> None:
     """Show the persisted cluster state: state, config version, pools, last start and stop (each step with
     its duration), the last recovery, active jobs. Reads only the database. Exits 3 unless READY."""
-    import json
-
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.cluster.state import ClusterState, ClusterStateStore
     from alloy.control.local_run import local_settings, pid_alive, read_local_state
     from alloy.jobs.store import JobStore

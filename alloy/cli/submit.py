@@ -33,6 +33,7 @@ def _fail(body: Any, status: int) -> None:
 
 def follow(client, progress_url: str, *, poll_s: float = 0.5, out=None) -> dict[str, Any]:
     """Poll until a terminal state, drawing a tqdm bar of percent done; returns the last job view."""
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from tqdm import tqdm
 
     with tqdm(
@@ -88,6 +89,7 @@ def submit() -> None:
 @click.option("--no-wait", is_flag=True, help="Print the job and return without following it")
 def merge(models, strategy, params, output, base_model, dtype, url, key, no_wait) -> None:
     """Post a merge and show a progress bar until it is COMPLETED (or print the error)."""
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     import httpx
 
     ids = [m for group in models for m in group.split()]

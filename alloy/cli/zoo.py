@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -10,6 +11,7 @@ import click
 def _data_dir(value: str | None) -> Path:
     if value:
         return Path(value)
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.config import load_settings
 
     return Path(load_settings().data_dir)
@@ -24,6 +26,7 @@ def zoo() -> None:
 @click.option("--data-dir", default=None, help="Alloy data dir (default: the configured data_dir).")
 def list_presets(data_dir: str | None) -> None:
     """The presets, and which are built."""
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.zoo.manifest import built_preset
     from alloy.zoo.presets import PRESETS, preset_root
 
@@ -47,10 +50,10 @@ def list_presets(data_dir: str | None) -> None:
 @click.option("--threads", default=1, show_default=True, type=int, help="torch CPU threads.")
 def build(preset: str, data_dir: str | None, seed: int, force: bool, register: bool, threads: int) -> None:
     """Build PRESET (tiny, encoder-5task, causal-lm); a finished build is reused."""
-    import logging
-
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     import torch
 
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.errors import AlloyError
     from alloy.zoo.presets import build_preset, quiet_build_output
 
@@ -71,6 +74,7 @@ def build(preset: str, data_dir: str | None, seed: int, force: bool, register: b
 
 
 def _register(manifest) -> None:
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
     from alloy.config import load_settings
     from alloy.registry.datasets import DatasetRegistry
     from alloy.registry.models import ModelRegistry

@@ -17,6 +17,7 @@ def refresh_auth_token_cache() -> None:
     already-imported ray keeps connecting without the token. No-op while ``ray._raylet`` is not loaded."""
     if "ray._raylet" not in sys.modules:
         return
+    # lazy: private Ray API, resolved only when called (see the module docstring)
     from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # compiled, no stubs
 
     Config.initialize("")
@@ -26,6 +27,7 @@ def refresh_auth_token_cache() -> None:
 def start_serve_client(http_options: dict[str, Any]) -> Any:
     """Start Serve (controller + proxies) and return its client: the only way to apply a whole
     ``ServeDeploySchema`` from Python, which is what ``serve run config.yaml`` does."""
+    # lazy: private Ray API, resolved only when called (see the module docstring)
     from ray.serve._private.api import serve_start
 
     return serve_start(http_options=http_options)
@@ -34,6 +36,7 @@ def start_serve_client(http_options: dict[str, Any]) -> Any:
 def drain_node(gcs_address: str, node_id: str, reason: str, deadline_ms: int) -> tuple[bool, str]:
     """Ask the GCS to drain ``node_id`` with reason PREEMPTION (as ``ray drain-node`` does); returns
     (accepted, rejection message)."""
+    # lazy: private Ray API, resolved only when called (see the module docstring)
     from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stubs
     from ray.core.generated import autoscaler_pb2
 
@@ -51,6 +54,7 @@ def stop_serve_router_loop() -> None:
     """DeploymentHandles used from a driver run Serve's router on a daemon thread whose metrics task keeps calling
     Ray; after ``ray.shutdown()`` those calls would auto-connect to a cluster being stopped, block for 60 s and
     abort the process. Stop that loop and keep Ray from auto-connecting again in this process."""
+    # lazy: private Ray API, resolved only when called (see the module docstring)
     from ray._private import auto_init_hook
     from ray.serve._private.router import SingletonThreadRouter
 

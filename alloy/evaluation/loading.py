@@ -31,6 +31,7 @@ def model_kind(model_dir: Path) -> ModelKind:
 
 
 def load_tokenizer(model_dir: Path):
+    # lazy: transformers costs seconds to import; only model loading needs it
     from transformers import AutoTokenizer
 
     if not any((model_dir / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
@@ -39,6 +40,7 @@ def load_tokenizer(model_dir: Path):
 
 
 def load_model(model_dir: str | Path) -> LoadedModel:
+    # lazy: transformers costs seconds to import; only model loading needs it
     from transformers import AutoModel, AutoModelForCausalLM
 
     model_dir = Path(model_dir)

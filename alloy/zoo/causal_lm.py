@@ -115,6 +115,7 @@ def _splits(texts: list[str], rng: random.Random) -> dict[str, list[str]]:
 
 def convert_gguf(out_dir: Path):
     """Dequantise the GGUF once into an fp32 safetensors folder (the slow step: ~1.5 min)."""
+    # lazy: transformers costs seconds to import; only model loading needs it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = pretrained_causal_lm_gguf()
@@ -137,6 +138,7 @@ def _top_layers(num_layers: int):
 
 
 def build(staging: Path, *, seed: int = 0) -> PresetManifest:
+    # lazy: transformers costs seconds to import; only model loading needs it
     from transformers import AutoModelForCausalLM
 
     check_sources()

@@ -13,6 +13,7 @@ CHARACTERS = [chr(c) for c in range(32, 127)]
 
 
 def char_tokenizer(style: Literal["encoder", "causal_lm"]):
+    # lazy: transformers costs seconds to import; only model loading needs it
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 

@@ -69,6 +69,7 @@ def write_classification_dataset(
 
 
 def load_encoder(folder: Path):
+    # lazy: transformers costs seconds to import; only model loading needs it
     from transformers import AutoTokenizer, BertModel
 
     model = BertModel.from_pretrained(str(folder), add_pooling_layer=False, dtype=torch.float32)

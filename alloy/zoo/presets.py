@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,9 @@ PRESETS: dict[str, tuple[str, str]] = {
 
 def quiet_build_output() -> None:
     """Silence transformers' per-model progress bars and load reports: a build prints its own summary."""
-    import os
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
+    import transformers  # lazy: after the environment above, and only builds pay its seconds of import time
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

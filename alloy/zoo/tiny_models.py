@@ -13,6 +13,7 @@ Architecture = Literal["llama", "mistral", "gpt2", "bert"]
 
 
 def tiny_config(arch: Architecture, *, layers: int = 2, hidden: int = 32, vocab: int = 128):
+    # lazy: transformers costs seconds to import; only model loading needs it
     import transformers
 
     if arch == "llama":
@@ -65,6 +66,7 @@ def build_tiny_model(
 ) -> Path:
     """Write a tiny random model; with ``base``, a "fine-tune" of it: base weights plus seeded noise of
     scale ``noise`` (so task vectors are small and merges are meaningful)."""
+    # lazy: torch loads only in processes that handle tensors
     import torch
     import transformers
 

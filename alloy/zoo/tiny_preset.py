@@ -92,6 +92,7 @@ def _save(model, tokenizer, folder: Path) -> Path:
 
 
 def _build_encoders(staging: Path, seed: int, rng: random.Random) -> tuple[list[ModelEntry], list[DatasetEntry]]:
+    # lazy: transformers costs seconds to import; only model loading needs it
     from transformers import BertModel
 
     tokenizer = char_tokenizer("encoder")
@@ -157,6 +158,7 @@ def _build_encoders(staging: Path, seed: int, rng: random.Random) -> tuple[list[
 
 
 def _build_causal_lms(staging: Path, seed: int, rng: random.Random) -> tuple[list[ModelEntry], list[DatasetEntry]]:
+    # lazy: transformers costs seconds to import; only model loading needs it
     from transformers import AutoModelForCausalLM
 
     tokenizer = char_tokenizer("causal_lm")
