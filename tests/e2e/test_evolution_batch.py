@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_evolution_engine import FRESH_CANDIDATES, service_env
-from tests.test_evolution_http import PROJECT_ROOT
+from tests.e2e.test_evolution_engine import FRESH_CANDIDATES, service_env
+from tests.e2e.test_evolution_http import PROJECT_ROOT
 
 pytestmark = pytest.mark.ray
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.test_evolution_http import PROJECT_ROOT, TINY_CONFIG, _latest_snapshot_mtime, tiny_request
+from tests.e2e.test_evolution_http import PROJECT_ROOT, TINY_CONFIG, _latest_snapshot_mtime, tiny_request
 
 pytestmark = pytest.mark.ray
 
