@@ -1,6 +1,6 @@
 """``alloy start`` / ``alloy stop`` / ``alloy status``: a local Ray cluster running the app.
 
-The orchestration is in :mod:`alloy.lifecycle` (the Ray head, the start sequence, the shutdown); the state is
+The orchestration is in :mod:`alloy.control.local_run` (the Ray head, the start sequence, the shutdown); the state is
 the persisted cluster state of :mod:`alloy.cluster.state`, which ``alloy status`` reads from the database.
 """
 
