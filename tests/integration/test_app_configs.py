@@ -86,12 +86,12 @@ def test_gpu_profile_without_gpus_answers_gpu_unavailable(ray_cluster, tmp_path)
     from fastapi.testclient import TestClient
 
     from alloy.config import ConfigHolder
+    from alloy.control.nodes import cluster_gpu_count as _cluster_gpus
     from alloy.storage.db import Database
     from alloy.storage.keys import ApiKeyStore
     from deployments.runtime import Services
     from serve_app.api import create_api
     from serve_app.context import ApiContext
-    from serve_app.ingress import _cluster_gpus
 
     settings = Settings(data_dir=tmp_path, profile="gpu")
     Database.from_settings(settings).upgrade()
