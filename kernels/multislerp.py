@@ -32,7 +32,8 @@ def multislerp(models: Sequence[torch.Tensor], weights: Sequence[float], base: t
     norms = [math.sqrt(float(stable_dot(v, v))) for v in vectors]
     mean = torch.zeros_like(vectors[0])
     for vector, weight, norm in zip(vectors, weights, norms):
-        mean.add_(vector, alpha=weight / (norm + eps))
+        # Divide, then weight, then add (no fused multiply-add): antipodal inputs then cancel exactly, as in mergekit.
+        mean.add_(torch.div(vector, norm + eps).mul_(weight))
     mean_norm = math.sqrt(float(stable_dot(mean, mean)))
     if mean_norm < eps:
         if len(vectors) != 2:
