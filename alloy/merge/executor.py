@@ -117,7 +117,8 @@ def execute_merge(
     readers = {m: SafetensorsReader(Path(sources[m]), manifests[m]) for m in plan.model_ids}
     try:
         writer = ShardedWriter(staging, [PlannedTensor(t.output_name, t.dtype, t.shape) for t in plan.tasks],
-                               shard_bytes, metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy})
+                               shard_bytes, metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy,
+                                                   "method": plan.method.name})
         try:
             _run_tasks(plan, readers, writer, device=device, progress=progress, cancel=cancel,
                        max_in_flight=max_in_flight, max_in_flight_bytes=max_in_flight_bytes, workers=workers,
