@@ -199,3 +199,27 @@ class FlushView(BaseModel):
 
 class CacheClearView(BaseModel):
     caches: dict[str, dict[str, Any]]
+
+
+class MethodParameterView(BaseModel):
+    name: str
+    type: str  # float | int | bool
+    scope: Literal["global", "per_model", "input"]  # one value / one per model but the base / one per model
+    default: float | int | bool | None
+    required: bool
+    minimum: float | None
+    maximum: float | None
+    description: str
+
+
+class MethodView(BaseModel):
+    """One merge method (mergekit's name), the strategy family it is a variant of, and its parameters."""
+
+    name: str
+    family: Literal["slerp", "ties", "dare", "task_arithmetic", "franken_merge"]
+    description: str
+    base: Literal["required", "optional", "ignored"]
+    min_models: int
+    max_models: int | None
+    random: bool
+    parameters: list[MethodParameterView]
