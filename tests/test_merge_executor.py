@@ -57,7 +57,7 @@ def test_llama_merges_load_and_give_finite_logits(family, tmp_path, strategy, id
     result = execute_merge(recipe(strategy, ids, parameters=parameters, seed=1, variant=variant or None), family,
                            tmp_path / "out")
     assert result.tensors == len(read_manifest(family["base"]).tensors)
-    assert (tmp_path / "out" / "README.md").read_text().count(f"strategy: {strategy}") == 1
+    assert (tmp_path / "out" / "README.md").read_text().count(f"merge_strategy: {strategy}\n") == 1
     assert_loads_with_finite_logits(tmp_path / "out")
 
 

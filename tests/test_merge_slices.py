@@ -120,3 +120,25 @@ slices:
     on_disk = load_weights(tmp_path / "out")
     assert on_disk.keys() == in_memory.keys()
     assert all(torch.equal(on_disk[n], in_memory[n]) for n in on_disk)
+
+
+def test_output_files_keep_the_mergekit_recipe_and_a_card_with_front_matter(five, tmp_path):
+    import yaml
+
+    text = "merge_method: slerp\nbase_model: A\nmodels: [{model: A}, {model: B}]\nparameters: {t: 0.5}  # as written\n"
+    merge(text, five, tmp_path / "out")
+    assert (tmp_path / "out" / "mergekit_config.yml").read_text() == text
+    card = (tmp_path / "out" / "README.md").read_text()
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["base_model"] == ["A", "B"] and front["tags"] == ["merge", "alloy"]
+    assert front["merge_method"] == "slerp"
+    assert "# as written" in card
+
+
+def test_alloy_recipes_write_no_mergekit_config(five, tmp_path):
+    from alloy.merge.recipe import MergeRecipe, ModelRef
+
+    execute_merge(MergeRecipe(strategy="slerp", models=[ModelRef(model="A"), ModelRef(model="B")]), five,
+                  tmp_path / "out")
+    assert not (tmp_path / "out" / "mergekit_config.yml").exists()
+    assert "merge_method: slerp" in (tmp_path / "out" / "README.md").read_text()
