@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels.reductions import stable_dot
+
 COSINE_FLOOR = 1e-6  # norm products below this are clamped (mergekit's rule)
 SINGULAR = 1e-6  # |1 + (N - 1) cos| below this: no finite estimate, keep the base
 ROWS_PER_CHUNK_ELEMENTS = 1 << 20
@@ -28,19 +30,29 @@ def offset_gram(base: torch.Tensor, models: Sequence[torch.Tensor], filter_wise:
     model_rows = [_rows(m, filter_wise) for m in models]
     rows, cols = base_rows.shape
     gram = torch.zeros(rows, len(models), len(models), dtype=torch.float64, device=base.device)
-    if rows == 1:  # chunk along the columns
+    if rows == 1:  # one vector: chunk along it, each chunk's dots in a fixed order (thread-count independent)
         step = ROWS_PER_CHUNK_ELEMENTS
         for start in range(0, cols, step):
-            b = base_rows[:, start : start + step].to(torch.float64)
-            offsets = torch.stack([m[:, start : start + step].to(torch.float64) - b for m in model_rows], dim=1)
-            gram += offsets @ offsets.transpose(1, 2)
-        return gram
+            b = base_rows[0, start : start + step].to(torch.float64)
+            offsets = [m[0, start : start + step].to(torch.float64) - b for m in model_rows]
+            for i, j in _pairs(len(offsets)):
+                gram[0, i, j] += stable_dot(offsets[i], offsets[j])
+        return _symmetric(gram)
     step = max(1, ROWS_PER_CHUNK_ELEMENTS // max(cols, 1))
     for start in range(0, rows, step):
         b = base_rows[start : start + step].to(torch.float64)
-        offsets = torch.stack([m[start : start + step].to(torch.float64) - b for m in model_rows], dim=1)
-        gram[start : start + step] = offsets @ offsets.transpose(1, 2)
-    return gram
+        offsets = [m[start : start + step].to(torch.float64) - b for m in model_rows]
+        for i, j in _pairs(len(offsets)):
+            gram[start : start + step, i, j] = (offsets[i] * offsets[j]).sum(dim=-1)
+    return _symmetric(gram)
+
+
+def _pairs(count: int) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(count) for j in range(i, count)]
+
+
+def _symmetric(upper: torch.Tensor) -> torch.Tensor:
+    return upper + torch.triu(upper, diagonal=1).transpose(1, 2)
 
 
 def stock_factor(gram: torch.Tensor) -> torch.Tensor:
