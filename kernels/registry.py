@@ -1,4 +1,14 @@
-"""The strategies and the parameters each declares; validation and per-tensor resolution of parameter values."""
+"""The merge methods and the parameters each declares; validation and per-tensor resolution of parameter values.
+
+``METHODS`` holds mergekit 0.1.5's methods under their mergekit names, with mergekit's parameter names, defaults
+and scopes (checked against its source; ranges are ours where mergekit has none but values outside are
+meaningless, e.g. density in [0, 1]). Deviations, all documented at the kernel: exact top-k keeps ties by position
+(mergekit's fp32 argsort is unstable there); random methods draw from the per-tensor generator in a fixed order
+(parity with mergekit is statistical); arcee_fusion's quartiles are exact (mergekit samples above 10^6 entries);
+DELLA gives a one-entry row probability ``density`` (mergekit fails); linear and multislerp refuse to normalize
+weights summing to zero (mergekit divides by zero). ``STRATEGIES`` are the legacy Alloy strategies, kept unchanged
+until their callers use ``METHODS``.
+"""
 
 from __future__ import annotations
 
