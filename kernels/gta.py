@@ -68,18 +68,22 @@ def generalized_task_arithmetic(base: torch.Tensor, models: Sequence[torch.Tenso
         return base.to(torch.float32).clone()
     prune = SPARSIFIERS[sparsifier] if sparsifier else None
     weights = [float(p["weight"]) for p in model_params]
-    deltas = []
+    deltas: list[torch.Tensor] = []  # consensus needs every delta at once; a plain sum needs one at a time
+    mixed: torch.Tensor | None = None
     for model, params, weight in zip(models, model_params, weights):
         delta = task_vector(model, base, owned)
         if prune is not None:
             delta = prune(delta, params, rescale, generator)
-        deltas.append(delta.mul_(weight))
+        delta.mul_(weight)
+        if consensus:
+            deltas.append(delta)
+        elif mixed is None:
+            mixed = delta
+        else:
+            mixed.add_(delta)
+            del delta
     if consensus:
         return sign_consensus(base, deltas, weights, lam, normalize)
-    mixed = deltas[0]
-    for delta in deltas[1:]:
-        mixed.add_(delta)
-    del deltas
     if normalize:
         total = weight_sum(weights)
         mixed.div_(total if abs(total) >= NORMALIZE_EPS else 1.0)
