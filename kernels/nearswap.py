@@ -15,7 +15,8 @@ def nearswap(base: torch.Tensor, other: torch.Tensor, t: float) -> torch.Tensor:
     a, b = base.to(torch.float32), other.to(torch.float32)
     weight = t / torch.sub(a, b).abs_().clamp_(min=DIFF_FLOOR)
     weight.clamp_(min=0, max=1)
-    return weight * b + (1 - weight) * a
+    out = weight * b
+    return out.add_(torch.rsub(weight, 1).mul_(a))  # w * b + (1 - w) * a, mergekit's association
 
 
 def merge(tensors, base_index, global_params, model_params, generator, owned=False):

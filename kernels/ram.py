@@ -14,35 +14,45 @@ import torch
 from kernels.task_arithmetic import task_vector
 
 
-def _changes(base, models, epsilon, owned):
-    deltas = [task_vector(m, base, owned) for m in models]
-    changed = [d.abs() > epsilon for d in deltas]
-    counts = torch.zeros(base.shape, dtype=torch.int64, device=base.device)
-    for mask in changed:
-        counts.add_(mask)
-    return deltas, changed, counts
+def _changed(model: torch.Tensor, base: torch.Tensor, epsilon: float) -> torch.Tensor:
+    return torch.sub(model.to(torch.float32), base.to(torch.float32)).abs_() > epsilon
+
+
+def _change_counts(base, models, epsilon) -> torch.Tensor:
+    """Per entry, how many models change it (a small integer type: the counts never exceed the model count)."""
+    counts = torch.zeros(base.shape, dtype=torch.uint8 if len(models) < 256 else torch.int32, device=base.device)
+    for model in models:
+        counts.add_(_changed(model, base, epsilon))
+    return counts
 
 
 def ram(base: torch.Tensor, models: Sequence[torch.Tensor], epsilon: float = 1e-5, *, r: float = 0.0,
         alpha: float = 0.0, owned: bool = False) -> torch.Tensor:
-    """``r = 0`` is plain RAM; ``r > 0`` is RAM+ (tensor-local)."""
+    """``r = 0`` is plain RAM; ``r > 0`` is RAM+ (tensor-local). Two passes over the models (count the changes,
+    then combine them), so no task vector is kept longer than one model's turn."""
     if not models:
         return base.to(torch.float32).clone()
-    deltas, changed, counts = _changes(base, models, epsilon, owned)
+    counts = _change_counts(base, models, epsilon)
     unique = counts == 1
     overlap = counts > 1
-    shared_divisor = counts.clamp(min=1).to(torch.float32)
+    divisor = counts.clamp(min=1).to(torch.float32)
+    del counts
     out = torch.zeros(base.shape, dtype=torch.float32, device=base.device)
-    for delta, mask in zip(deltas, changed):
+    for model in models:
+        delta = task_vector(model, base, owned)
+        changed = delta.abs() > epsilon
+        delta.mul_(changed)
         scale = 1.0
         if r:
-            rho = float((mask & overlap).sum()) / max(float((mask & unique).sum()), epsilon)
+            rho = float((changed & overlap).sum()) / max(float((changed & unique).sum()), epsilon)
             scale = 1 + r * min(max(rho, 0.0), alpha)
-        delta.mul_(mask)
-        term = torch.where(overlap, delta / shared_divisor, delta * unique)
-        if scale != 1.0:
-            term = torch.where(unique, delta * scale, term)
-        out.add_(term)
+        del changed
+        # unique and overlap are disjoint, so adding the two parts one after the other gives mergekit's bits
+        own = delta * unique
+        out.add_(own.mul_(scale) if scale != 1.0 else own)
+        del own
+        out.add_(delta.div_(divisor).mul_(overlap))
+        del delta
     return out.add_(base.to(torch.float32))
 
 
