@@ -169,3 +169,21 @@ def test_kernel_computes_in_float32_from_bfloat16_inputs(method):
     out = _call(spec, low)
     assert out.dtype == torch.float32
     assert torch.equal(out, _call(spec, [t.float() for t in low]))
+
+
+def test_every_kernel_gives_the_same_bits_whatever_the_thread_count():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(300, 1000, generator=g)
+    family = [base] + [base + 0.05 * torch.randn(300, 1000, generator=g) for _ in range(3)]
+    before = torch.get_num_threads()
+    try:
+        for name in sorted(MERGEKIT_METHODS):
+            spec = get_method(name)
+            count = {2: 2, 1: 1, 3: 3}.get(spec.max_models, 4)
+            results = []
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                results.append(_call(spec, [t.reshape(-1) for t in family[:count]]))
+            assert torch.equal(*results), name
+    finally:
+        torch.set_num_threads(before)
