@@ -351,6 +351,23 @@ def validate_parameters(spec: StrategySpec, global_params: Mapping[str, Any],
     return canonical_global, canonical_models
 
 
+def check_required(spec: StrategySpec, global_params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]],
+                   base_index: int | None) -> None:
+    """Raise InvalidParameterError for a required parameter left unset (canonical names expected): a global one
+    anywhere, a per-model one for any model but the base (mergekit binds those to the other models only), an
+    input one for any model. A value given globally counts for every model."""
+    for param in spec.params:
+        if not param.required or param.name in global_params:
+            continue
+        if param.scope == "global":
+            raise InvalidParameterError(param.name, f"is required by {spec.name}")
+        for index, params in enumerate(model_params):
+            skip_base = param.scope == "per_model" and index == base_index
+            if not skip_base and param.name not in params:
+                raise InvalidParameterError(param.name, f"is required by {spec.name} for every model "
+                                                        f"(missing for model {index})")
+
+
 def resolve_for_tensor(spec: StrategySpec, global_params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]],
                        tensor_name: str, t: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Scalars for one tensor: per-model value, else global value, else the default (canonical names expected)."""

@@ -187,3 +187,20 @@ def test_every_kernel_gives_the_same_bits_whatever_the_thread_count():
             assert torch.equal(*results), name
     finally:
         torch.set_num_threads(before)
+
+
+def test_required_parameters_must_be_set_for_every_model_but_the_base():
+    from kernels.registry import check_required
+
+    ties = get_method("ties")
+    check_required(ties, {}, [{}, {"weight": 1.0}, {"weight": 0.5}], base_index=0)  # the base needs no weight
+    check_required(ties, {"weight": 1.0}, [{}, {}, {}], base_index=0)  # a global value counts for every model
+    with pytest.raises(InvalidParameterError) as info:
+        check_required(ties, {}, [{}, {"weight": 1.0}, {}], base_index=0)
+    assert info.value.param == "weight"
+    with pytest.raises(InvalidParameterError):  # linear's weight is per input: the base needs one too
+        check_required(get_method("linear"), {}, [{}, {"weight": 1.0}], base_index=0)
+    with pytest.raises(InvalidParameterError) as info:
+        check_required(get_method("slerp"), {}, [{}, {}], base_index=0)
+    assert info.value.param == "t"
+    check_required(get_method("karcher"), {}, [{}, {}], base_index=None)  # nothing required

@@ -171,3 +171,10 @@ def test_della_epsilon_just_inside_bounds_and_density_bounds():
     assert (della_prune_(torch.ones(10), 0.5, 0.49, gen(), rescale=False) != 0).any()
     assert torch.equal(della_prune_(T([1.0, 2.0]), 1.0, 0.9, gen()), T([1.0, 2.0]))  # density 1: no check, no draw
     assert torch.equal(della_prune_(T([1.0, 2.0]), 0.0, 0.9, gen()), torch.zeros(2))
+
+
+def test_della_ranks_along_dimension_one_of_higher_rank_tensors():
+    # shape (1, 3, 2): mergekit ranks along dim 1, so each (i, :, k) is one row of 3
+    x = T([[[1.0, 5.0], [3.0, 4.0], [2.0, 6.0]]])
+    # column k = 0: [1, 3, 2] -> ranks [0, 2, 1]; k = 1: [5, 4, 6] -> ranks [1, 0, 2]; p = 0.3 + 0.2 * r
+    assert close(della_keep_probability(x, 0.5, 0.2), [[[0.3, 0.5], [0.7, 0.3], [0.5, 0.7]]])
