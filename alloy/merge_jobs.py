@@ -183,7 +183,8 @@ class MergeJobRunner:
             heartbeat.stop()
             record = self.models.register(
                 request.output_model_id, str(out_dir),
-                lineage={"job_id": job_id, "strategy": recipe.strategy, "models": recipe.model_ids,
+                lineage={"job_id": job_id, "strategy": recipe.strategy, "method": recipe.variant,
+                         "models": recipe.model_ids,
                          "parameters": recipe.parameters},
             )
             registered = request.output_model_id
