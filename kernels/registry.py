@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kernels import (arcee_fusion, dare, gta, karcher, linear, model_stock, multislerp, nearswap, nuslerp,
-                     passthrough, ram, sce, slerp, task_arithmetic, ties)
+from kernels import (arcee_fusion, dare, gta, iso, karcher, linear, model_stock, multislerp, nearswap, nuslerp,
+                     passthrough, ram, sce, slerp, task_arithmetic, ties, tsv)
 from kernels.errors import InvalidParameterError, UnknownStrategyError
 from kernels.params import is_filter_list, is_gradient, is_scalar, resolve_value, scalar_points
 
@@ -318,7 +318,40 @@ _OTHER_METHODS = (
                base="ignored"),
 )
 
-METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (*_OTHER_METHODS, *_GTA_METHODS)}
+
+# --- Alloy-only methods (not in mergekit: no mergekit YAML can name them) -----------------------------------------
+
+
+def _subspace_params(*extra: ParamSpec) -> tuple[ParamSpec, ...]:
+    return (ParamSpec("lambda", float, 1.0, "global", -100.0, 100.0, aliases=("alpha",),
+                      description="scale of the merged task vector (the papers' alpha)"),
+            _p("weight", float, 1.0, "per_model", -100.0, 100.0,
+               description="multiplier of the model's task vector before the decomposition"),
+            *extra)
+
+
+_ALLOY_METHODS = (
+    MethodSpec("tsv", "TSV-M: each task matrix's top singular vectors, concatenated and whitened (orthogonalised); "
+                      "other tensors: mean task vector",
+               _subspace_params(_p("rank_fraction", float, 1.0, "global", 0.0, 1.0,
+                                   description="share of min(m, n) the tasks' kept ranks add up to "
+                                               "(k = rank_fraction * min(m, n) / T per task, at least 1)")),
+               tsv.merge, min_models=1, max_models=UNLIMITED, family="task_arithmetic",
+               reference="https://arxiv.org/abs/2412.00081"),
+    MethodSpec("iso_c", "Iso-C: the summed task matrix with a flat spectrum (mean singular value); "
+                        "other tensors: mean task vector",
+               _subspace_params(), iso.merge_iso_c, min_models=1, max_models=UNLIMITED, family="task_arithmetic",
+               reference="https://arxiv.org/abs/2502.04959"),
+    MethodSpec("iso_cts", "Iso-CTS: common subspace of the summed task matrix plus each task's own directions, "
+                          "orthogonalised, flat spectrum; other tensors: mean task vector",
+               _subspace_params(_p("common_fraction", float, 0.8, "global", 0.0, 1.0,
+                                   description="share of min(m, n) given to the common subspace")),
+               iso.merge_iso_cts, min_models=1, max_models=UNLIMITED, family="task_arithmetic",
+               reference="https://arxiv.org/abs/2502.04959"),
+)
+ALLOY_ONLY_METHODS = frozenset(spec.name for spec in _ALLOY_METHODS)  # mergekit has no such method
+
+METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (*_OTHER_METHODS, *_GTA_METHODS, *_ALLOY_METHODS)}
 
 
 def get_method(name: str) -> MethodSpec:

@@ -10,7 +10,7 @@ import torch
 
 from kernels.catalogue import method_catalogue
 from kernels.errors import InvalidParameterError, UnknownStrategyError
-from kernels.registry import METHODS, STRATEGIES, get_method, get_strategy, validate_parameters
+from kernels.registry import ALLOY_ONLY_METHODS, METHODS, STRATEGIES, get_method, get_strategy, validate_parameters
 
 MERGEKIT_METHODS = {
     "linear", "slerp", "nuslerp", "multislerp", "karcher", "task_arithmetic", "ties", "dare_ties", "dare_linear",
@@ -21,13 +21,15 @@ FAMILIES = {
     "slerp": {"slerp", "nuslerp", "multislerp", "karcher"},
     "ties": {"ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "sce"},
     "dare": {"dare_ties", "dare_linear"},
-    "task_arithmetic": {"task_arithmetic", "linear", "model_stock", "nearswap", "arcee_fusion", "ram", "ramplus_tl"},
+    "task_arithmetic": {"task_arithmetic", "linear", "model_stock", "nearswap", "arcee_fusion", "ram", "ramplus_tl",
+                        "tsv", "iso_c", "iso_cts"},
     "franken_merge": {"passthrough"},
 }
 
 
 def test_methods_are_keyed_by_mergekit_names_and_grouped_in_the_five_families():
-    assert set(METHODS) == MERGEKIT_METHODS
+    assert set(METHODS) - ALLOY_ONLY_METHODS == MERGEKIT_METHODS
+    assert ALLOY_ONLY_METHODS == {"tsv", "iso_c", "iso_cts"}  # Alloy-only (tests/test_kernels_tsv_iso.py)
     for family, names in FAMILIES.items():
         assert {name for name, spec in METHODS.items() if spec.family == family} == names
 
@@ -118,7 +120,7 @@ def test_method_parameters_validate_like_strategy_parameters():
 def test_catalogue_is_plain_data_for_every_method():
     catalogue = method_catalogue()
     assert json.loads(json.dumps(catalogue)) == catalogue
-    assert {entry["name"] for entry in catalogue} == MERGEKIT_METHODS
+    assert {entry["name"] for entry in catalogue} == set(METHODS)
     ties = next(entry for entry in catalogue if entry["name"] == "ties")
     density = next(p for p in ties["parameters"] if p["name"] == "density")
     assert density == {"name": "density", "type": "float", "scope": "per_model", "default": 1.0, "required": False,
@@ -149,7 +151,7 @@ def _call(spec, tensors, owned=False):
                        owned=owned)
 
 
-@pytest.mark.parametrize("method", sorted(MERGEKIT_METHODS))
+@pytest.mark.parametrize("method", sorted(METHODS))
 def test_kernel_returns_float32_and_never_modifies_inputs_it_does_not_own(method):
     spec = get_method(method)
     tensors = _inputs(spec)
@@ -162,7 +164,7 @@ def test_kernel_returns_float32_and_never_modifies_inputs_it_does_not_own(method
     assert torch.equal(_call(spec, [t.clone() for t in copies], owned=True), out)
 
 
-@pytest.mark.parametrize("method", sorted(MERGEKIT_METHODS))
+@pytest.mark.parametrize("method", sorted(METHODS))
 def test_kernel_computes_in_float32_from_bfloat16_inputs(method):
     spec = get_method(method)
     low = _inputs(spec, torch.bfloat16)
@@ -177,7 +179,7 @@ def test_every_kernel_gives_the_same_bits_whatever_the_thread_count():
     family = [base] + [base + 0.05 * torch.randn(100, 1000, generator=g) for _ in range(3)]
     before = torch.get_num_threads()
     try:
-        for name in sorted(MERGEKIT_METHODS):
+        for name in sorted(METHODS):
             spec = get_method(name)
             count = {2: 2, 1: 1, 3: 3}.get(spec.max_models, 4)
             results = []
