@@ -331,3 +331,17 @@ def test_unusable_recipe_files(text, code):
     with pytest.raises(AlloyError) as info:
         load_recipe_yaml(text)
     assert info.value.code is code
+
+
+def test_mergekit_values_convert_as_mergekit_reads_them():
+    loaded = validate_recipe(load_recipe_yaml("""
+merge_method: karcher
+models: [{model: a}, {model: b}]
+parameters: {tol: 1e-5, max_iter: 12}
+"""))
+    assert loaded.parameters == {"tol": 1e-5, "max_iter": 12}
+    ties = validate_recipe(load_recipe_yaml("merge_method: ties\nbase_model: a\nmodels: [{model: a}, {model: b, "
+                                            "parameters: {weight: 1, density: [{filter: mlp, value: '0.5'}]}}]\n"
+                                            "parameters: {normalize: 0, int8_mask: 1.0}\n"))
+    assert ties.parameters == {"normalize": False, "int8_mask": True}
+    assert ties.model_parameters("b")["density"] == [{"filter": "mlp", "value": 0.5}]

@@ -22,9 +22,11 @@ modules, residual_weight, LoRA ``model+adapter``: refused
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
 from alloy.errors import AlloyError, ErrorCode
 from alloy.merge.methods import get_method
@@ -71,6 +73,8 @@ def _short(exc: yaml.YAMLError) -> str:
 
 def from_alloy(data: dict[str, Any]) -> MergeRecipe:
     data = dict(data)
+    if "mergekit_config" in data:  # set only by the mergekit reader: it switches to mergekit's names and defaults
+        raise _refuse("mergekit_config", "unknown key")
     # Shorthand: ``models: [a, b]``.
     data["models"] = [{"model": m} if isinstance(m, str) else m for m in data.get("models") or []]
     try:
@@ -102,6 +106,12 @@ def from_mergekit(data: dict[str, Any], text: str | None = None) -> MergeRecipe:
         raise _refuse("models", "exactly one of 'models' or 'slices' must be given")
     models = [_model_entry(entry, f"models.{i}") for i, entry in enumerate(data.get("models") or [])]
     slices = [_slice_entry(entry, f"slices.{k}") for k, entry in enumerate(data.get("slices") or [])] or None
+    types = {p.name: p.type for p in method.params}
+    for params in [m.get("parameters") for m in models] + _slice_parameter_dicts(slices) + [data.get("parameters")]:
+        if isinstance(params, dict):
+            for key, value in params.items():
+                if key in types:
+                    params[key] = _coerce(value, types[key])
     compute = _dtype(data.get("dtype"), "dtype")
     try:
         return MergeRecipe(
@@ -117,6 +127,34 @@ def from_mergekit(data: dict[str, Any], text: str | None = None) -> MergeRecipe:
         )
     except ValueError as exc:
         raise recipe_validation_error(exc) from None
+
+
+def _slice_parameter_dicts(slices: list[dict[str, Any]] | None) -> list[Any]:
+    out = []
+    for piece in slices or []:
+        out.append(piece["parameters"])
+        out += [source["parameters"] for source in piece["sources"]]
+    return out
+
+
+@lru_cache
+def _adapter(type_: type) -> TypeAdapter:
+    return TypeAdapter(type_)
+
+
+def _coerce(value: Any, type_: type) -> Any:
+    """A parameter value as mergekit reads it: pydantic's lax conversion of every scalar to the parameter's type
+    (``normalize: 1`` is true, ``tol: "1e-5"``, which YAML reads as a string, is a number). What does not convert
+    is left for validation to refuse by name."""
+    if isinstance(value, list):
+        return [dict(v, value=_coerce(v.get("value"), type_)) if isinstance(v, dict) else _coerce(v, type_)
+                for v in value]
+    if isinstance(value, dict):
+        return dict(value, value=_coerce(value.get("value"), type_))
+    try:
+        return _adapter(type_).validate_python(value)
+    except ValidationError:
+        return value
 
 
 def _model_entry(entry: Any, field: str) -> dict[str, Any]:
