@@ -345,3 +345,15 @@ parameters: {tol: 1e-5, max_iter: 12}
                                             "parameters: {normalize: 0, int8_mask: 1.0}\n"))
     assert ties.parameters == {"normalize": False, "int8_mask": True}
     assert ties.model_parameters("b")["density"] == [{"filter": "mlp", "value": 0.5}]
+
+
+@pytest.mark.parametrize("text, field", [
+    ("strategy: ties\nmodels: [a, b]\nbogus: 1\n", "bogus"),
+    ("strategy: ties\nmodels: [a, b]\nmergekit_config: 'x'\n", "mergekit_config"),
+    ("strategy: ties\nslices: [{sources: [{model: a, layer_range: [0, 1], weight: 2}]}]\n",
+     "slices.0.sources.0.weight"),
+])
+def test_alloy_recipes_refuse_unknown_keys_by_name(text, field):
+    with pytest.raises(AlloyError) as info:
+        load_recipe_yaml(text)
+    assert info.value.code is ErrorCode.VALIDATION_FAILED and info.value.details["field"] == field
