@@ -43,10 +43,6 @@ def get_method(name: str) -> MethodSpec:
                          f"{', '.join(exc.known)}", {"strategy": name, "known": exc.known}) from None
 
 
-def variants_of(family: str) -> list[str]:
-    return sorted(name for name, spec in METHODS.items() if spec.family == family)
-
-
 def check_family(strategy: str) -> None:
     if strategy not in FAMILIES:
         raise AlloyError(ErrorCode.INVALID_STRATEGY,
