@@ -81,7 +81,6 @@ def model_class(arch: str):
 def build_pico(out_dir: Path, arch: str, seed: int, base: Path | None = None, noise: float = 0.02) -> Path:
     """A seeded random model; with ``base``, base plus seeded noise (a "fine-tune" with a small task vector)."""
     import torch
-    import transformers
 
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists():
