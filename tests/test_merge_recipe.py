@@ -384,3 +384,10 @@ def test_slicing_a_model_with_several_layer_stacks_is_refused():
     with pytest.raises(AlloyError) as info:
         build_plan(recipe, {"A": two_stacks()})
     assert info.value.code is ErrorCode.VALIDATION_FAILED and info.value.details["field"] == "slices"
+
+
+def test_alloy_defaults_never_fill_a_parameter_of_another_meaning():
+    # nearswap's t is a distance threshold (required), not slerp's interpolation factor
+    recipe_ = validate_recipe(recipe("task_arithmetic", ("a", "b"), variant="nearswap"))
+    assert "t" not in recipe_.parameters
+    assert validate_recipe(recipe("slerp", ("a", "b"))).parameters["t"] == 0.5
