@@ -85,7 +85,7 @@ def ranked_stochastic_prune_(owned: torch.Tensor, density: float, epsilon: float
     if numel == 0:
         return owned
     flat = owned.view(-1)
-    order = torch.argsort(flat.abs().cpu(), stable=True)
+    order = torch.argsort(selection.magnitude_keys(flat.cpu()), stable=True)  # int32 keys: the same order, faster
     ranks = torch.empty(numel, dtype=torch.float32)
     ranks[order] = torch.arange(numel, dtype=torch.float32)
     probability = ranks.mul_(2 * epsilon / max(numel - 1, 1)).add_(density - epsilon)
@@ -201,7 +201,8 @@ def della_keep_probability(owned: torch.Tensor, density: float, epsilon: float) 
     magnitude rank r of n gets ``density - epsilon + 2 * epsilon * r / (n - 1)``. Equal magnitudes rank by position
     (mergekit's argsort is unstable there). A row of one entry gets ``density`` (mergekit fails on it: 0/0)."""
     rows = owned.unsqueeze(0) if owned.dim() < 2 else owned
-    magnitude = rows.abs().movedim(1, -1)
+    # int32 bit patterns of the magnitudes: the same order as the floats, and torch sorts them ~1.4-3x faster
+    magnitude = selection.magnitude_keys(rows).movedim(1, -1)
     length = magnitude.shape[-1]
     order = torch.argsort(magnitude, dim=-1, stable=True)
     del magnitude

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels import selection
-from kernels.sparsify import magnitude_prune_, outlier_prune_, top_k_mask
+from kernels.sparsify import della_keep_probability, magnitude_prune_, outlier_prune_, top_k_mask
 
 SPECIALS = [0.0, -0.0, 1e-45, -1e-45, 3e-39, -3e-39, 1.0, -1.0, 2.0, float("inf"), float("-inf")]
 
@@ -141,3 +141,20 @@ def test_selection_does_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def reference_della_probability(x: torch.Tensor, density: float, epsilon: float) -> torch.Tensor:
+    """Ranks along dim 1 from a stable float argsort (the former kernel), as mergekit's formula."""
+    rows = x.unsqueeze(0) if x.dim() < 2 else x
+    magnitude = rows.abs().movedim(1, -1)
+    ranks = magnitude.argsort(dim=-1, stable=True).argsort(dim=-1).float()
+    length = magnitude.shape[-1]
+    probability = ranks.div_(length - 1).mul_(2).mul_(epsilon).add_(density - epsilon)
+    return probability.movedim(-1, 1).reshape(x.shape)
+
+
+@pytest.mark.parametrize("shape", [(5000,), (300, 257), (7, 64, 33)])
+@pytest.mark.parametrize("make", [randn, heavy_ties])
+def test_della_ranks_from_int_keys_equal_the_float_argsort(make, shape):
+    x = make(int(torch.tensor(shape).prod()), 4).view(shape)
+    assert torch.equal(della_keep_probability(x, 0.4, 0.1), reference_della_probability(x, 0.4, 0.1))
