@@ -9,7 +9,7 @@ from typing import Any
 from alloy.errors import AlloyError, ErrorCode
 from kernels.errors import UnknownStrategyError
 from kernels.params import scalar_points
-from kernels.registry import METHODS, MethodSpec, ParamSpec
+from kernels.registry import MethodSpec, ParamSpec
 from kernels.registry import get_method as kernel_method
 
 # The HTTP ``strategy`` field takes exactly these (service spec); every method is a variant of one of them.
@@ -81,21 +81,7 @@ def _positive(value: Any) -> bool:
 
 def method_catalogue() -> list[dict[str, Any]]:
     """Every method with its family, inputs and parameters (scope, type, range, default) as plain data: what
-    ``GET /methods`` and ``alloy methods`` show."""
-    out = []
-    for name in sorted(METHODS):
-        spec = METHODS[name]
-        out.append({
-            "name": name,
-            "family": spec.family,
-            "description": spec.description,
-            "base": spec.base,
-            "min_models": spec.min_models,
-            "max_models": None if spec.max_models >= 1 << 30 else spec.max_models,
-            "random": spec.random,
-            "parameters": [{
-                "name": p.name, "type": p.type.__name__, "scope": p.scope, "default": p.default,
-                "required": p.required, "minimum": p.minimum, "maximum": p.maximum, "description": p.description,
-            } for p in spec.params],
-        })
-    return out
+    ``GET /methods`` and ``alloy methods`` show (the kernels' catalogue, read from ``METHODS``)."""
+    from kernels.catalogue import method_catalogue as kernel_catalogue
+
+    return kernel_catalogue()
