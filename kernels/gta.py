@@ -21,6 +21,9 @@ from kernels import sparsify
 from kernels.task_arithmetic import split_base, task_vector
 from kernels.ties import sign_consensus
 
+# Elements per piece of the sign consensus: a few pieces of every delta fit in a 1 MiB L2 cache, and the piece is
+# below torch's intra-op grain (32768), so no OpenMP barrier per small op (the executor runs tensors in parallel).
+CONSENSUS_CHUNK = 16384
 NORMALIZE_EPS = 1e-8  # without consensus, a weight sum this close to zero is not divided by (mergekit's rule)
 
 # (delta owned, this model's resolved parameters, rescale, generator) -> the pruned delta
@@ -83,13 +86,28 @@ def generalized_task_arithmetic(base: torch.Tensor, models: Sequence[torch.Tenso
             mixed.add_(delta)
             del delta
     if consensus:
-        return sign_consensus(base, deltas, weights, lam, normalize)
+        return _chunked_consensus(base, deltas, weights, lam, normalize)
     if normalize:
         total = weight_sum(weights)
         mixed.div_(total if abs(total) >= NORMALIZE_EPS else 1.0)
     if lam != 1:
         mixed.mul_(lam)
     return mixed.add_(base.to(torch.float32))
+
+
+def _chunked_consensus(base: torch.Tensor, deltas: list[torch.Tensor], weights: Sequence[float], lam: float,
+                       normalize: bool) -> torch.Tensor:
+    """:func:`kernels.ties.sign_consensus` applied piece by piece (it is elementwise, so the bits are the same):
+    its temporaries (elected signs, agreement masks, divisor) stay piece-sized and in cache instead of several
+    tensor-sized allocations; the result is written into the first delta's buffer."""
+    flat_base = base.reshape(-1)
+    flats = [d.view(-1) if d.is_contiguous() else None for d in deltas]
+    if any(f is None for f in flats) or flat_base.numel() != flats[0].numel():
+        return sign_consensus(base, deltas, weights, lam, normalize)
+    for start in range(0, flat_base.numel(), CONSENSUS_CHUNK):
+        piece = slice(start, start + CONSENSUS_CHUNK)
+        sign_consensus(flat_base[piece], [f[piece] for f in flats], weights, lam, normalize)
+    return deltas[0]
 
 
 def kernel(sparsifier: str | None, consensus: bool):
