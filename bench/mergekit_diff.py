@@ -370,13 +370,15 @@ def main() -> None:
         work.mkdir(parents=True)
         config = work / "recipe.yml"
         config.write_text(case.text(models))
+        if case.refused:
+            refusal = subprocess.run(alloy_command(config, work / "alloy"), capture_output=True, text=True)
+            said = (refusal.stdout + refusal.stderr).strip().splitlines()[-1:] or [""]
+            theirs = subprocess.run(mergekit_command(python, config, work / "mergekit"), capture_output=True)
+            print(f"{case.name:28} {case.origin:22} refused by Alloy ({case.refused}); mergekit "
+                  f"{'merges it' if theirs.returncode == 0 else 'refuses it too'}: {said[0][:60]}")
+            continue
         try:
             mk_wall, mk_rss, _ = run_measured(mergekit_command(python, config, work / "mergekit"))
-            if case.refused:
-                refusal = subprocess.run(alloy_command(config, work / "alloy"), capture_output=True, text=True)
-                said = (refusal.stdout + refusal.stderr).strip().splitlines()[-1:] or [""]
-                print(f"{case.name:28} {case.origin:22} refused by Alloy ({case.refused}): {said[0][:70]}")
-                continue
             al_wall, al_rss, _ = run_measured(alloy_command(config, work / "alloy"))
         except RuntimeError as exc:
             print(f"{case.name:28} {case.origin:22} FAILED: {str(exc).splitlines()[-1][:80]}")
