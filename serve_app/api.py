@@ -431,12 +431,16 @@ ROUTERS = (ops_router, *GATED_ROUTERS)
 
 
 def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
+    from serve_app.docs import PUBLIC_PATHS, install_offline_docs
+
     app = FastAPI(
-        title="Alloy", version="1.0",
+        title="Alloy", version="1.0", docs_url=None, redoc_url=None,  # served offline by serve_app.docs
         description="Model merge and evolution service. Every request carries an API key "
                     "(`Authorization: Bearer <key>` or `X-API-Key`).",
     )
     app.state.ctx = ctx
+    app.state.public_paths = PUBLIC_PATHS
+    install_offline_docs(app)
     ctx.metrics = ctx.metrics or ApiMetrics()
     app.include_router(ops_router)  # /health and /metrics answer in every cluster state
     gated = [Depends(cluster_gate)]
