@@ -17,10 +17,11 @@ Resuming (``Last-Event-ID``) skips every history row up to the id's integer part
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from alloy.jobs import JobEvent, JobStore
+from alloy.jobs import JobEvent, JobRecord, JobStore
 
 # Progress keys that change without anything happening to the job (the liveness heartbeat, internal flags).
 QUIET_PROGRESS_KEYS = frozenset({"heartbeat_at", "cancel_requested"})
@@ -60,6 +61,8 @@ class JobFollower:
     _progress: dict[str, Any] | None = None
     _progress_seq: int = 0
     finished: bool = False
+    # What the end event carries; the HTTP route sends the public job view (GET /jobs/{id}), not the record.
+    end_view: Callable[[JobRecord], dict[str, Any]] = lambda job: job.model_dump(mode="json")
 
     def poll(self) -> list[StreamEvent]:
         if self.finished:
@@ -73,7 +76,7 @@ class JobFollower:
             self.after = int(out[-1].id)
         if job.state.terminal:
             self.finished = True
-            out.append(StreamEvent("end", str(self.after), job.model_dump(mode="json")))
+            out.append(StreamEvent("end", str(self.after), self.end_view(job)))
             return out
         progress = visible_progress(job.progress)
         if progress and progress != self._progress:
@@ -84,8 +87,8 @@ class JobFollower:
         return out
 
 
-def follow(jobs: JobStore, job_id: str, last_event_id: str | None = None) -> JobFollower:
+def follow(jobs: JobStore, job_id: str, last_event_id: str | None = None, **options: Any) -> JobFollower:
     """A follower of ``job_id`` resuming after ``last_event_id``; an unknown job raises NOT_FOUND now."""
     jobs.get(job_id)
-    return JobFollower(jobs, job_id, after=parse_last_event_id(last_event_id))
+    return JobFollower(jobs, job_id, after=parse_last_event_id(last_event_id), **options)
 

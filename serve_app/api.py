@@ -431,7 +431,7 @@ ROUTERS = (ops_router, *GATED_ROUTERS)
 
 
 def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
-    from serve_app.docs import PUBLIC_PATHS, install_offline_docs
+    from serve_app import console, docs
 
     app = FastAPI(
         title="Alloy", version="1.0", docs_url=None, redoc_url=None,  # served offline by serve_app.docs
@@ -439,8 +439,9 @@ def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
                     "(`Authorization: Bearer <key>` or `X-API-Key`).",
     )
     app.state.ctx = ctx
-    app.state.public_paths = PUBLIC_PATHS
-    install_offline_docs(app)
+    app.state.public_paths = (*docs.PUBLIC_PATHS, *console.PUBLIC_PATHS)
+    docs.install_offline_docs(app)
+    console.install_console(app)  # the web console at /ui
     ctx.metrics = ctx.metrics or ApiMetrics()
     app.include_router(ops_router)  # /health and /metrics answer in every cluster state
     gated = [Depends(cluster_gate)]

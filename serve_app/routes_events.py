@@ -19,6 +19,7 @@ from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from alloy.job_stream import JobFollower, follow
 from alloy.jobs import JobEvent
+from alloy.wire import JobView
 from serve_app.context import api_context
 from serve_app.errors import error_responses
 from serve_app.security import require_scope
@@ -32,7 +33,8 @@ PING_INTERVAL_S = 15  # keeps proxies from closing an idle stream (a long evolut
 _STREAM_DOC = (
     "Server-Sent Events. `event: state` (id = history id) for every state change, `event: progress` "
     "(id = `<history id>.<n>`) with the latest progress (tensors/bytes for merges; generation, best and median "
-    "fitness for evolutions), then one `event: end` with the final job; the stream closes after it. "
+    "fitness for evolutions), then one `event: end` with the final job (as GET /jobs/{job_id}); the stream "
+    "closes after it. "
     "Send `Last-Event-ID` to resume after the last event seen."
 )
 
@@ -65,10 +67,13 @@ async def job_events(
     accept: str | None = Header(None, include_in_schema=False),
     last_event_id: str | None = Header(None, description="Resume a stream after this event id"),
 ) -> Any:
-    jobs = api_context(request).services.jobs
+    ctx = api_context(request)
+    jobs = ctx.services.jobs
     if not _wants_stream(accept):
         return await asyncio.to_thread(jobs.events, job_id)
-    follower = await asyncio.to_thread(follow, jobs, job_id, last_event_id)  # NOT_FOUND before the stream opens
+    url = ctx.url_for_job(request, job_id)
+    follower = await asyncio.to_thread(  # NOT_FOUND before the stream opens
+        follow, jobs, job_id, last_event_id, end_view=lambda job: JobView.from_record(job, url).model_dump(mode="json"))
     # X-Accel-Buffering keeps nginx-style proxies from buffering.
     return EventSourceResponse(_events(request, follower), ping=PING_INTERVAL_S,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -36,7 +36,8 @@ def test_merge_stream_shows_every_state_in_order_then_ends(alloy_service, served
     assert states == EXPECTED_MERGE_STATES
     assert events[-1].event == "end"
     final = json.loads(events[-1].data)
-    assert final["state"] == "COMPLETED" and final["result"]["model_id"] == "sse-merged"
+    assert final["state"] == "COMPLETED" and final["model_id"] == "sse-merged" and final["percent"] == 100.0
+    assert final["progress_url"].endswith(f"/jobs/{job_id}")  # the public view, as GET /jobs/{id} answers
     # Ids increase, so a reconnecting client's Last-Event-ID is a cursor.
     state_ids = [int(e.id) for e in events if e.event == "state"]
     assert state_ids == sorted(set(state_ids))
