@@ -52,8 +52,10 @@ class ProgressDisplay:
             fields["detail"] = describe(data)
             if data.get("percent") is not None:
                 fields["completed"] = float(data["percent"])
-        if event.event == "end" and state == "COMPLETED":
-            fields["completed"] = 100
+        if event.event == "end":  # the final job view: its figures replace the last (throttled) snapshot
+            fields["detail"] = describe(data)
+            if state == "COMPLETED":
+                fields["completed"] = 100
         self._progress.update(self._task, **fields)
 
     def __exit__(self, *exc: object) -> None:
