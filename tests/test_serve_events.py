@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from httpx_sse import connect_sse
 
@@ -78,3 +79,24 @@ def test_openapi_documents_the_stream_and_its_statuses(alloy_service):
     assert "text/event-stream" in operation["responses"]["200"]["content"]
     assert {"200", "401", "403", "404", "429", "503"} <= set(operation["responses"])
     assert any(p["name"] == "last-event-id" for p in operation["parameters"])
+
+
+def test_a_stream_counts_once_against_the_rate_limit(alloy_service, served_models):
+    from alloy.db import Database
+    from alloy.keys import ApiKeyStore
+
+    db = Database(alloy_service.database_url)
+    try:
+        _, key = ApiKeyStore(db).create("sse-limited", ["read"], read_limit="20/minute")
+    finally:
+        db.close()
+    job_id = _start_merge(alloy_service, "sse-limited")
+    remaining = []
+    with httpx.Client(base_url=alloy_service.base_url, headers={"Authorization": f"Bearer {key}"},
+                      timeout=240.0) as client:
+        for _ in range(2):
+            with connect_sse(client, "GET", f"/jobs/{job_id}/events") as source:
+                remaining.append(int(source.response.headers["x-ratelimit-remaining"]))
+                events = list(source.iter_sse())  # however many events and pings, the stream is one request
+            assert events[-1].event == "end"
+    assert remaining == [19, 18]
