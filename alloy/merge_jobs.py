@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,8 +29,12 @@ from alloy.errors import AlloyError, ErrorCode
 from alloy.job_liveness import JobHeartbeat
 from alloy.jobs import JobKind, JobRecord, JobState, JobStore
 from alloy.model_cache import CachedModel, ModelCache
+from kernels.registry import METHODS
 
 logger = logging.getLogger("alloy.merge_jobs")
+
+# The merge methods (mergekit names), each a variant of one strategy family: an enum in the OpenAPI schema.
+MethodName = Literal[tuple(sorted(METHODS))]  # type: ignore[valid-type]
 
 MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?$"
 
@@ -52,12 +56,19 @@ class MergeRequest(BaseModel):
     )
 
     models: list[str] = Field(min_length=2, max_length=8, description="Model ids to merge (2-8)")
-    strategy: str = Field(description="slerp | ties | dare | task_arithmetic | franken_merge")
+    strategy: str = Field(description="slerp | ties | dare | task_arithmetic | franken_merge (anything else: "
+                                      "422 INVALID_STRATEGY)")
+    variant: MethodName | None = Field(
+        None, description="A merge method of the strategy's family, by its mergekit name (GET /methods lists them). "
+                          "Default: the family's own method; ties with epsilon > 0 is della (DELLA's MagPrune), "
+                          "dare with consensus: true is dare_ties, otherwise dare_linear")
     parameters: dict[str, Any] = Field(default_factory=dict, description="Strategy parameters (global)")
     output_model_id: str = Field(pattern=MODEL_ID_PATTERN, description="ID of the merged model; must be new")
     base_model: str | None = Field(None, description="Base model for task vectors (ties, dare, task_arithmetic)")
     model_parameters: dict[str, dict[str, Any]] | None = Field(None, description="Per-model parameters")
-    slices: list[dict[str, Any]] | None = Field(None, description="franken_merge: [{model, layer_range}]")
+    slices: list[dict[str, Any]] | None = Field(
+        None, description="Output slices: franken_merge shorthand [{model, layer_range}], or mergekit's "
+                          "[{sources: [{model, layer_range, parameters}], parameters, base_model}] for any strategy")
     dtype: str | None = Field(None, description="float32 | float16 | bfloat16")
     seed: int | None = Field(None, description="Seed for stochastic strategies (dare)")
     evaluate: EvaluateSpec | None = Field(None, description="Evaluate the merged model before COMPLETED")
@@ -172,7 +183,8 @@ class MergeJobRunner:
             heartbeat.stop()
             record = self.models.register(
                 request.output_model_id, str(out_dir),
-                lineage={"job_id": job_id, "strategy": recipe.strategy, "models": recipe.model_ids,
+                lineage={"job_id": job_id, "strategy": recipe.strategy, "method": recipe.variant,
+                         "models": recipe.model_ids,
                          "parameters": recipe.parameters},
             )
             registered = request.output_model_id

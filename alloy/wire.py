@@ -1,7 +1,7 @@
 """Typed request and response bodies of the HTTP API (they are the OpenAPI schema at /docs), shared by the
 server (``serve_app``, which re-exports them as ``serve_app.schemas``) and the Python client (``alloy.client``).
 
-Pure pydantic: nothing here imports FastAPI, Ray or torch, so ``alloy.client`` can be used without them.
+Pure pydantic: nothing here imports FastAPI, Ray or Serve, so ``alloy.client`` can be used without a server.
 """
 
 from __future__ import annotations
@@ -242,3 +242,27 @@ class TrialsView(BaseModel):
     state: JobState
     count: int
     trials: list[dict[str, Any]]
+
+
+class MethodParameterView(BaseModel):
+    name: str
+    type: str  # float | int | bool
+    scope: Literal["global", "per_model", "input"]  # one value / one per model but the base / one per model
+    default: float | int | bool | None
+    required: bool
+    minimum: float | None
+    maximum: float | None
+    description: str
+
+
+class MethodView(BaseModel):
+    """One merge method (mergekit's name), the strategy family it is a variant of, and its parameters."""
+
+    name: str
+    family: Literal["slerp", "ties", "dare", "task_arithmetic", "franken_merge"]
+    description: str
+    base: Literal["required", "optional", "ignored"]
+    min_models: int
+    max_models: int | None
+    random: bool
+    parameters: list[MethodParameterView]

@@ -82,6 +82,14 @@ def list_jobs(request: Request, state: JobState | None = None, kind: JobKind | N
 merge_router = APIRouter(tags=["merge"])
 
 
+@merge_router.get("/methods", response_model=list[s.MethodView], dependencies=_scope("read"),
+                  summary="Merge methods: family, parameters, ranges and defaults")
+async def list_methods() -> list[dict[str, Any]]:
+    from alloy.merge.methods import method_catalogue
+
+    return method_catalogue()
+
+
 @merge_router.post("/merge/execute", status_code=202, response_model=s.JobAccepted, dependencies=_scope("write"),
                    summary="Start an asynchronous merge job")
 async def execute_merge(body: s.MergeRequest, request: Request, response: Response) -> s.JobAccepted:

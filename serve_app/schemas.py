@@ -27,4 +27,6 @@ from alloy.wire import (  # noqa: F401 - re-exported
     DrainView,
     FlushView,
     CacheClearView,
+    MethodParameterView,
+    MethodView,
 )

@@ -12,6 +12,7 @@ import click
 # command name -> "module:attribute" of a click command or group
 SUBCOMMANDS: dict[str, str] = {
     "merge": "alloy.cli.merge:merge",
+    "methods": "alloy.cli.merge:methods",
     "db": "alloy.cli.db:db",
     "zoo": "alloy.cli.zoo:zoo",
     "key": "alloy.cli.keys:key",

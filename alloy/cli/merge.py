@@ -62,3 +62,28 @@ def merge(recipe_file: Path, out_dir: Path, device: str, seed: int | None, shard
         raise click.ClickException(f"{exc.code.value}: {exc.message}" + (f" {exc.details}" if exc.details else "")) from None
     click.echo(f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} "
                f"in {result.seconds:.1f}s")
+
+
+@click.command("methods")
+@click.option("--family", default=None, help="Only the variants of this strategy family")
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON")
+def methods(family: str | None, as_json: bool) -> None:
+    """Every merge method (mergekit's names) with its family, parameters, ranges and defaults."""
+    import json
+
+    from alloy.merge.methods import method_catalogue
+
+    catalogue = [m for m in method_catalogue() if family is None or m["family"] == family]
+    if as_json:
+        click.echo(json.dumps(catalogue, indent=2))
+        return
+    for method in catalogue:
+        most = "any" if method["max_models"] is None else method["max_models"]
+        click.echo(f"{method['name']}  [{method['family']}]  models {method['min_models']}..{most}, "
+                   f"base {method['base']}{', random' if method['random'] else ''}")
+        click.echo(f"    {method['description']}")
+        for p in method["parameters"]:
+            bounds = "" if p["minimum"] is None and p["maximum"] is None else \
+                f" in [{'' if p['minimum'] is None else p['minimum']}, {'' if p['maximum'] is None else p['maximum']}]"
+            default = "required" if p["required"] else f"default {p['default']}"
+            click.echo(f"    - {p['name']} ({p['type']}, {p['scope']}){bounds}, {default}")

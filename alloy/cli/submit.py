@@ -60,7 +60,7 @@ def recipe_body(path: Path) -> dict[str, Any]:
     except AlloyError as exc:
         raise AlloyAPIError(exc.code.value, None, exc.message, exc.details) from None
     body: dict[str, Any] = {
-        "models": [ref.model for ref in recipe.models], "strategy": recipe.strategy,
+        "models": [ref.model for ref in recipe.models], "strategy": recipe.strategy, "variant": recipe.variant,
         "parameters": recipe.parameters, "base_model": recipe.base_model, "dtype": recipe.dtype,
         "seed": recipe.seed,
         "model_parameters": {ref.model: ref.parameters for ref in recipe.models if ref.parameters} or None,
@@ -113,6 +113,7 @@ def submit() -> None:
 @submit.command("merge")
 @click.option("--models", "-m", cls=ManyValuesOption, multiple=True, help="Model ids: --models a b c")
 @click.option("--strategy", "-s", default=None, help=STRATEGIES)
+@click.option("--variant", default=None, help="A merge method of the strategy's family (mergekit name; GET /methods)")
 @click.option("--param", "-p", "params", multiple=True,
               help="Strategy parameter name=value (repeatable; each name once, a gradient as a JSON list)")
 @click.option("--slice", "slices", multiple=True, metavar="MODEL:START-END",
@@ -128,10 +129,12 @@ def submit() -> None:
 @click.option("--split", default="test", show_default=True, help="Dataset split for --evaluate")
 @connection_options
 @click.option("--no-wait", is_flag=True, help="Print the job id and return without following it")
-def merge(models, strategy, params, slices, recipe, output, base_model, dtype, seed, evaluate, split, url, key,
-          no_wait) -> None:
+def merge(models, strategy, variant, params, slices, recipe, output, base_model, dtype, seed, evaluate, split, url,
+          key, no_wait) -> None:
     """Post a merge and show a progress bar until it is COMPLETED (or print the error)."""
     body = _merge_body(models, strategy, params, slices, recipe, base_model, dtype, seed)
+    if variant:
+        body["variant"] = variant
     body["output_model_id"] = output
     if evaluate:
         body["evaluate"] = {"datasets": list(evaluate), "split": split}

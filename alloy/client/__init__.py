@@ -2,7 +2,7 @@
 
 ``Client`` / ``AsyncClient`` read ``ALLOY_URL`` and ``ALLOY_API_KEY`` when not given a URL or key. Every failure
 is an :class:`AlloyAPIError` with the service's error ``code``, the HTTP ``status`` and the ``message``.
-Importing this package never imports FastAPI, Ray or torch.
+Importing this package never imports FastAPI, Ray or Serve (nor starts anything).
 """
 
 from alloy.client.aio import AsyncClient, AsyncEvolution, AsyncJob

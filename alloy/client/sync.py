@@ -134,11 +134,13 @@ class Client:
         return self._request("GET", path, **kwargs).json()
 
     # -- jobs -------------------------------------------------------------------------------------------------
-    def merge(self, models: list[str], strategy: str, output_model_id: str, *, base_model: str | None = None,
+    def merge(self, models: list[str], strategy: str, output_model_id: str, *, variant: str | None = None,
+              base_model: str | None = None,
               parameters: dict[str, Any] | None = None, model_parameters: dict[str, dict[str, Any]] | None = None,
               slices: list[dict[str, Any]] | None = None, dtype: str | None = None, seed: int | None = None,
               evaluate: dict[str, Any] | None = None) -> Job:
-        body = c.merge_body(models, strategy, output_model_id, base_model=base_model, parameters=parameters,
+        body = c.merge_body(models, strategy, output_model_id, variant=variant, base_model=base_model,
+                            parameters=parameters,
                             model_parameters=model_parameters, slices=slices, dtype=dtype, seed=seed,
                             evaluate=evaluate)
         return self.submit_merge(body)

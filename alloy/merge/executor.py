@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found
 from alloy.merge.compatibility import check_compatibility, check_layouts
-from alloy.merge.output_files import copy_base_files, write_config, write_model_card
+from alloy.merge.output_files import copy_base_files, write_config, write_model_card, write_recipe_files
 from alloy.merge.plan import MergePlan, TensorTask, build_plan, layout_from_manifest, layout_from_state_dict
 from alloy.merge.recipe import MergeRecipe, validate_recipe
 from alloy.merge.tensor_io import PlannedTensor, SafetensorsReader, ShardedWriter
@@ -117,7 +117,8 @@ def execute_merge(
     readers = {m: SafetensorsReader(Path(sources[m]), manifests[m]) for m in plan.model_ids}
     try:
         writer = ShardedWriter(staging, [PlannedTensor(t.output_name, t.dtype, t.shape) for t in plan.tasks],
-                               shard_bytes, metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy})
+                               shard_bytes, metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy,
+                                                   "method": plan.method.name})
         try:
             _run_tasks(plan, readers, writer, device=device, progress=progress, cancel=cancel,
                        max_in_flight=max_in_flight, max_in_flight_bytes=max_in_flight_bytes, workers=workers,
@@ -129,6 +130,7 @@ def execute_merge(
         write_config(plan, base_dir, staging)
         copy_base_files(base_dir, staging)
         write_model_card(plan, staging)
+        write_recipe_files(plan, staging)
         if out_dir.exists():
             raise AlloyError(ErrorCode.ALREADY_EXISTS, f"{out_dir} appeared during the merge", {"path": str(out_dir)})
         staging.rename(out_dir)
