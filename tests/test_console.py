@@ -133,3 +133,48 @@ def test_console_assets_are_all_local(alloy_service):
         assert "http://" not in response.text.replace("http://www.w3.org/2000/svg", "")
         assert "https://" not in response.text
     assert anonymous.get("/ui", follow_redirects=False).status_code in (302, 307)
+
+
+def test_evolution_page_draws_fitness_live(page, alloy_service):
+    """An evolution's page as its search writes generations: the job and its trials are written to the service's
+    own database the way the EvolutionEngine writes them (JobStore progress, tracker trials); no Tune run is
+    needed to see the page follow them."""
+    from datetime import datetime, timezone
+
+    from alloy.db import Database
+    from alloy.jobs import JobStore
+    from alloy.tracker import ExperimentTracker
+    from evolution.engine import EXPERIMENT_KIND, experiment_id_for
+
+    db = Database(alloy_service.database_url)
+    jobs, tracker = JobStore(db), ExperimentTracker(db)
+    job = jobs.create("evolution", {"search": {"generations": 3, "population": 2}})
+    experiment = tracker.create_experiment("ui evolution", EXPERIMENT_KIND, experiment_id=experiment_id_for(job.id))
+
+    def generation(number: int, *fitness: float) -> None:
+        for index, value in enumerate(fitness):
+            tracker.record_trial(experiment, f"t{number}-{index}", number, {"weight": value}, {}, {"fitness": value})
+        tracker.flush()
+        jobs.update_progress(job.id, generation=number, best_fitness=max(fitness), median_fitness=sum(fitness) / 2,
+                             heartbeat_at=datetime.now(timezone.utc).isoformat())
+
+    try:
+        jobs.transition(job.id, "PREPARING")
+        jobs.transition(job.id, "RUNNING")
+        generation(0, 0.1, 0.3)
+        generation(1, 0.2, 0.5)
+        _sign_in(page, alloy_service.keys["read"])
+        page.goto(f"/ui/#/evolutions/{job.id}")
+        page.wait_for_selector("#fitness-chart polyline.best")
+        assert len(page.get_attribute("#fitness-chart polyline.best", "points").split()) == 2
+        assert page.locator("#trials tr").count() == 1 + 4
+
+        generation(2, 0.6, 0.4)  # the page follows without a reload
+        page.wait_for_function("document.querySelector('#fitness-chart polyline.best')"
+                               ".getAttribute('points').trim().split(' ').length === 3")
+        assert page.locator("#trials tr").count() == 1 + 6
+        _shot(page, "evolution")
+        jobs.complete(job.id, {"best_trial": "t2-0"})
+        page.wait_for_selector("main [data-state=COMPLETED]")
+    finally:
+        db.close()
