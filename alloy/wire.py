@@ -266,3 +266,35 @@ class MethodView(BaseModel):
     max_models: int | None
     random: bool
     parameters: list[MethodParameterView]
+
+
+class KeyCreate(BaseModel):
+    """Body of POST /admin/keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    owner: str = Field(min_length=1, max_length=200)
+    scopes: list[Literal["read", "write", "admin"]] = Field(min_length=1)
+    read_limit: str | None = Field(None, description="e.g. 100/minute; default: rate_limits.read")
+    jobs_limit: str | None = Field(None, description="e.g. 10/minute; default: rate_limits.jobs")
+    expires_in_s: int | None = Field(None, gt=0, description="Seconds until the key expires; default: never")
+
+
+class KeyView(BaseModel):
+    """An API key as listed: everything but its secret."""
+
+    key_id: str
+    owner: str
+    scopes: list[str]
+    read_limit: str | None = None
+    jobs_limit: str | None = None
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+    rotated_from: str | None = None
+    last_used_at: datetime | None = None
+    status: Literal["active", "expired", "revoked"]
+
+
+class NewKeyView(KeyView):
+    key: str = Field(description="The secret: shown in this answer only, never again")

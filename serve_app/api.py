@@ -26,6 +26,7 @@ from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context
 from serve_app.metrics import CONTENT_TYPE_LATEST, ApiMetrics, MetricsMiddleware
 from serve_app.routes_events import router as events_router
+from serve_app.routes_keys import router as keys_router
 from serve_app.routes_evolutions import router as evolutions_router
 
 logger = logging.getLogger("alloy.api")
@@ -457,6 +458,7 @@ def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
         app.include_router(router, dependencies=gated)
     app.include_router(evolutions_router, dependencies=gated)
     app.include_router(events_router, dependencies=gated)  # GET /jobs/{id}/events: history or live SSE
+    app.include_router(keys_router, dependencies=gated)  # /admin/keys
     _install_cross_cutting(app, ctx, install_security)
     return app
 

@@ -113,3 +113,26 @@ def test_the_client_imports_no_server_code():
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'ray', 'starlette', 'uvicorn'}))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_keys_created_listed_and_revoked_over_http(alloy_service):
+    with Client(alloy_service.base_url, alloy_service.keys["admin"]) as admin:
+        new = admin.create_key("client-test", ["read"], read_limit="50/minute")
+        assert new.key and new.status == "active" and new.scopes == ["read"]
+        assert new.key_id in {k.key_id for k in admin.keys()}
+        assert all(not hasattr(k, "key") for k in admin.keys())  # listings never carry secrets
+        with Client(alloy_service.base_url, new.key) as reader:
+            assert reader.jobs(limit=1).limit == 1
+            with pytest.raises(AlloyAPIError) as caught:
+                reader.keys()
+            assert (caught.value.code, caught.value.status) == ("FORBIDDEN", 403)
+            assert admin.revoke_key(new.key_id).status == "revoked"
+            with pytest.raises(AlloyAPIError) as caught:
+                reader.jobs()
+            assert caught.value.code == "UNAUTHENTICATED"
+        with pytest.raises(AlloyAPIError) as caught:
+            admin.create_key("x", ["root"])
+        assert caught.value.code == "VALIDATION_FAILED"
+        with pytest.raises(AlloyAPIError) as caught:
+            admin.revoke_key("no-such-key")
+        assert caught.value.code == "NOT_FOUND"

@@ -27,7 +27,9 @@ from alloy.wire import (
     JobEvent,
     JobStreamEvent,
     JobView,
+    KeyView,
     ModelView,
+    NewKeyView,
     PageOf,
     TrialsView,
 )
@@ -239,6 +241,21 @@ class Client:
         prefix = self.model(model_id).artifact_prefix or f"models/{model_id}"
         return [self.download(a.key, Path(dest_dir) / a.key.rsplit("/", 1)[-1])
                 for a in self.artifacts(prefix.rstrip("/") + "/")]
+
+    # -- API keys (admin scope) ------------------------------------------------------------------------------
+    def keys(self) -> list[KeyView]:
+        return [KeyView.model_validate(k) for k in self._get("/admin/keys")]
+
+    def create_key(self, owner: str, scopes: list[str], *, read_limit: str | None = None,
+                   jobs_limit: str | None = None, expires_in_s: int | None = None) -> NewKeyView:
+        """A new key; its secret (``.key``) is in this answer only."""
+        body = {"owner": owner, "scopes": scopes, "read_limit": read_limit, "jobs_limit": jobs_limit,
+                "expires_in_s": expires_in_s}
+        return NewKeyView.model_validate(
+            self._request("POST", "/admin/keys", json={k: v for k, v in body.items() if v is not None}).json())
+
+    def revoke_key(self, key_id: str) -> KeyView:
+        return KeyView.model_validate(self._request("DELETE", f"/admin/keys/{key_id}").json())
 
     def health(self) -> dict[str, Any]:
         return self._get("/health")
