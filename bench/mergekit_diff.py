@@ -61,26 +61,40 @@ def pico_config(arch: str, layers: int = 4):
                                         tie_word_embeddings=True)
     if arch == "gpt2":  # fused c_attn, Conv1D layout
         return transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=layers, n_head=4, n_positions=64)
+    if arch == "mistral3":  # LLaVA-style: a Pixtral vision tower (2 layers), a projector and a Mistral LM (3 layers)
+        text = transformers.MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        vision = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=2, image_size=32, patch_size=8, head_dim=16)
+        return transformers.Mistral3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                           spatial_merge_size=2)
     raise ValueError(f"unknown pico architecture {arch!r}")
+
+
+def model_class(arch: str):
+    import transformers
+
+    return (transformers.Mistral3ForConditionalGeneration if arch == "mistral3"
+            else transformers.AutoModelForCausalLM)
 
 
 def build_pico(out_dir: Path, arch: str, seed: int, base: Path | None = None, noise: float = 0.02) -> Path:
     """A seeded random model; with ``base``, base plus seeded noise (a "fine-tune" with a small task vector)."""
     import torch
-    import transformers
 
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists():
         return out_dir
     torch.manual_seed(seed)
     if base is not None:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(base))
+        model = model_class(arch).from_pretrained(str(base))
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(torch.randn(parameter.shape, generator=generator) * noise)
     else:
-        model = transformers.AutoModelForCausalLM.from_config(pico_config(arch))
+        config = pico_config(arch)
+        model = model_class(arch)(config) if arch == "mistral3" else model_class(arch).from_config(config)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     return out_dir
 
@@ -202,6 +216,11 @@ CASES: tuple[Case, ...] = (
          "    parameters: {{weight: 0.5, density: 0.5, epsilon: 0.1}}\n  - model: {b}\n"
          "    parameters: {{weight: 0.5, density: 0.5, epsilon: 0.1}}\nparameters: {{lambda: 1.0}}\ndtype: float32\n",
          random=True),
+    # several layer stacks: each gets its own depth for gradients (mergekit plans one module each)
+    Case("mistral3-gradient-slerp", "mistral3", "merge_method: slerp\nbase_model: {base}\n"
+         "models: [{{model: {base}}}, {{model: {a}}}]\nparameters: {{t: [0.0, 1.0]}}\ndtype: float32\n"),
+    Case("mistral3-slices", "mistral3", "merge_method: passthrough\nslices:\n"
+         "  - sources: [{{model: {a}, layer_range: [0, 2]}}]\ndtype: float32\n", refused="slices"),
     Case("dare-linear", "llama-wide", "merge_method: dare_linear\nbase_model: {base}\nmodels:\n  - model: {a}\n"
          "    parameters: {{weight: 0.6, density: 0.4}}\n  - model: {b}\n    parameters: {{weight: 0.4, density: 0.4}}\n"
          "dtype: float32\n", random=True),

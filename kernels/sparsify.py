@@ -1,7 +1,7 @@
 """Task-vector sparsification: exact top-k magnitude trim, rank-based stochastic pruning and random drop.
 
-Top-k uses ``torch.kthvalue`` (a selection, linear time) rather than a sort; ties at the threshold are broken by
-position so the kept count is exactly ``k = max(1, int(density * n))`` as in mergekit.
+Top-k is an exact linear-time selection (:mod:`kernels.selection`) rather than a sort; ties at the threshold are
+broken by position so the kept count is exactly ``k = max(1, int(density * n))`` as in mergekit.
 All functions return a new float32 tensor or modify a tensor the caller owns (named ``owned``).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import selection
 from kernels.errors import InvalidParameterError
 from kernels.reductions import stable_abs_sum
 
@@ -29,32 +30,42 @@ def top_magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
     k = keep_count(density, numel)
     if k >= numel:
         return None
-    return top_k_mask(x.abs().reshape(-1), k).view_as(x)
+    return top_k_mask(x, k).view_as(x)
+
+
+def _flat_float32(values: torch.Tensor) -> torch.Tensor:
+    return values.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
 
 
 def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
-    """Boolean mask of the ``k`` largest entries of the flat ``values``, exactly ``k`` of them: entries equal to the
-    threshold are kept first by position. (mergekit ranks with an fp32 argsort that is unstable at ties, so which of
-    several equal entries it keeps is arbitrary; ours is the first ones.)"""
+    """Boolean mask (flat) of the ``k`` largest magnitudes of ``values`` (callers pass magnitudes or variances,
+    which are their own magnitudes), exactly ``k`` of them: entries equal to the threshold are kept first by
+    position. (mergekit ranks with an fp32 argsort that is unstable at ties, so which of several equal entries it
+    keeps is arbitrary; ours is the first ones.)"""
     numel = values.numel()
     if k <= 0:
-        return torch.zeros_like(values, dtype=torch.bool)
+        return torch.zeros(numel, dtype=torch.bool, device=values.device)
     if k >= numel:
-        return torch.ones_like(values, dtype=torch.bool)
-    threshold = torch.kthvalue(values.cpu(), numel - k + 1).values.to(values.device)
-    mask = values > threshold
-    missing = k - int(mask.sum())
-    if missing > 0:  # entries equal to the threshold: keep the first ones by position
-        tied = torch.nonzero(values == threshold).squeeze(1)[:missing]
-        mask[tied] = True
-    return mask
+        return torch.ones(numel, dtype=torch.bool, device=values.device)
+    flat = _flat_float32(values)
+    return selection.cut_mask(flat, selection.top_cut(flat, k)).to(values.device)
 
 
 def magnitude_trim_(owned: torch.Tensor, density: float) -> torch.Tensor:
     """TIES trim: zero all but the top ``density`` fraction by magnitude (in place)."""
-    mask = top_magnitude_mask(owned, density)
-    if mask is not None:
-        owned.mul_(mask)
+    numel = owned.numel()
+    if density >= 1 or numel == 0:
+        return owned
+    if density <= 0:
+        return owned.zero_()
+    k = keep_count(density, numel)
+    if k >= numel:
+        return owned
+    if owned.dtype != torch.float32 or owned.device.type != "cpu" or not owned.is_contiguous():
+        mask = top_k_mask(owned, k).view_as(owned)
+        return owned.masked_fill_(~mask.to(owned.device), 0.0)  # not mul_: a dropped inf must become 0, not NaN
+    flat = owned.view(-1)
+    selection.keep_cut_(flat, selection.top_cut(flat, k))
     return owned
 
 
@@ -74,7 +85,7 @@ def ranked_stochastic_prune_(owned: torch.Tensor, density: float, epsilon: float
     if numel == 0:
         return owned
     flat = owned.view(-1)
-    order = torch.argsort(flat.abs().cpu(), stable=True)
+    order = torch.argsort(selection.magnitude_keys(flat.cpu()), stable=True)  # int32 keys: the same order, faster
     ranks = torch.empty(numel, dtype=torch.float32)
     ranks[order] = torch.arange(numel, dtype=torch.float32)
     probability = ranks.mul_(2 * epsilon / max(numel - 1, 1)).add_(density - epsilon)
@@ -168,12 +179,21 @@ def outlier_prune_(owned: torch.Tensor, density: float, gamma: float, rescale: b
     n_bottom = max(0, numel - target - n_top)
     dropped_top = max(0, numel - n_bottom - target)  # the largest entries removed
     before = _l1(owned, rescale)
-    magnitude = owned.abs().view(-1)
-    keep = top_k_mask(magnitude, dropped_top + target)
-    keep &= ~top_k_mask(magnitude, dropped_top)
-    del magnitude
-    owned.mul_(keep.view_as(owned))
+    keep = _rank_band_mask(owned, dropped_top, dropped_top + target)
+    owned.masked_fill_(~keep.view_as(owned), 0.0)  # not mul_: a dropped inf must become 0, not NaN
     return _rescale_l1_(owned, before) if rescale else owned
+
+
+def _rank_band_mask(values: torch.Tensor, first: int, stop: int) -> torch.Tensor:
+    """Flat mask of the entries of descending magnitude rank ``first <= r < stop`` (equal magnitudes: the earlier
+    position ranks higher)."""
+    numel = values.numel()
+    if stop <= first or first >= numel:
+        return torch.zeros(numel, dtype=torch.bool, device=values.device)
+    flat = _flat_float32(values)
+    inner = selection.top_cut(flat, first) if first > 0 else None
+    outer = selection.top_cut(flat, stop) if stop < numel else selection.Cut(-1, numel)
+    return selection.band_mask(flat, inner, outer).to(values.device)
 
 
 def della_keep_probability(owned: torch.Tensor, density: float, epsilon: float) -> torch.Tensor:
@@ -181,7 +201,8 @@ def della_keep_probability(owned: torch.Tensor, density: float, epsilon: float) 
     magnitude rank r of n gets ``density - epsilon + 2 * epsilon * r / (n - 1)``. Equal magnitudes rank by position
     (mergekit's argsort is unstable there). A row of one entry gets ``density`` (mergekit fails on it: 0/0)."""
     rows = owned.unsqueeze(0) if owned.dim() < 2 else owned
-    magnitude = rows.abs().movedim(1, -1)
+    # int32 bit patterns of the magnitudes: the same order as the floats, and torch sorts them ~1.4-3x faster
+    magnitude = selection.magnitude_keys(rows).movedim(1, -1)
     length = magnitude.shape[-1]
     order = torch.argsort(magnitude, dim=-1, stable=True)
     del magnitude

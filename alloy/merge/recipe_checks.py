@@ -16,8 +16,10 @@ from kernels.errors import InvalidParameterError
 from kernels.params import is_filter_list, scalar_points
 
 # Alloy's documented defaults where mergekit's differ (or mergekit has none): applied to Alloy-native recipes only.
+# By family; only to parameters the method declares (nearswap's t, a threshold in another family, gets none).
 ALLOY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "*": {"weight": 1.0, "t": 0.5},
+    "*": {"weight": 1.0},
+    "slerp": {"t": 0.5},
     "ties": {"density": 0.5},
     "dare": {"density": 0.5},  # drop_rate 0.5
 }
