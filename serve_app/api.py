@@ -25,6 +25,8 @@ from deployments._calls import call
 from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context
 from serve_app.metrics import CONTENT_TYPE_LATEST, ApiMetrics, MetricsMiddleware
+from serve_app.routes_events import router as events_router
+from serve_app.routes_keys import router as keys_router
 from serve_app.routes_evolutions import router as evolutions_router
 
 logger = logging.getLogger("alloy.api")
@@ -75,11 +77,6 @@ def list_jobs(request: Request, state: JobState | None = None, kind: JobKind | N
     ctx = api_context(request)
     page = ctx.services.jobs.list(state=state, kind=kind, offset=offset, limit=limit)
     return _page(page, lambda job: s.JobView.from_record(job, ctx.url_for_job(request, job.id)))
-
-
-@jobs_router.get("/jobs/{job_id}/events", dependencies=_scope("read"), summary="History of a job")
-def job_events(job_id: str, request: Request) -> list[dict[str, Any]]:
-    return [event.model_dump(mode="json") for event in api_context(request).services.jobs.events(job_id)]
 
 
 # --- merge --------------------------------------------------------------------------------------------------
@@ -258,15 +255,20 @@ async def list_artifacts(request: Request, prefix: str = "") -> list[s.ArtifactV
 @artifacts_router.get("/artifacts/{key:path}/content", dependencies=_scope("read"),
                       response_class=StreamingResponse, summary="Download an artifact (streamed)")
 async def download_artifact(key: str, request: Request) -> StreamingResponse:
+    from serve_app.ranges import parse_range_start
+
     ctx = api_context(request)
     store = ctx.handle("ArtifactStore")
     info = await call(store, "info", key)  # NOT_FOUND before any byte is sent
-    chunks = store.options(stream=True).iter_bytes.remote(key)
+    start = parse_range_start(request.headers.get("range"), info.size)  # a resumed download: "bytes=N-"
+    chunks = store.options(stream=True).iter_bytes.remote(key, start)
     name = key.rsplit("/", 1)[-1]
-    return StreamingResponse(
-        chunks, media_type="application/octet-stream",
-        headers={"Content-Length": str(info.size), "Content-Disposition": f'attachment; filename="{name}"'},
-    )
+    headers = {"Content-Length": str(info.size - start), "Accept-Ranges": "bytes",
+               "Content-Disposition": f'attachment; filename="{name}"'}
+    if start:
+        headers["Content-Range"] = f"bytes {start}-{info.size - 1}/{info.size}"
+    return StreamingResponse(chunks, status_code=206 if start else 200, media_type="application/octet-stream",
+                             headers=headers)
 
 
 @artifacts_router.get("/artifacts/{key:path}", response_model=s.ArtifactView, dependencies=_scope("read"))
@@ -438,18 +440,25 @@ ROUTERS = (ops_router, *GATED_ROUTERS)
 
 
 def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
+    from serve_app import console, docs
+
     app = FastAPI(
-        title="Alloy", version="1.0",
+        title="Alloy", version="1.0", docs_url=None, redoc_url=None,  # served offline by serve_app.docs
         description="Model merge and evolution service. Every request carries an API key "
                     "(`Authorization: Bearer <key>` or `X-API-Key`).",
     )
     app.state.ctx = ctx
+    app.state.public_paths = (*docs.PUBLIC_PATHS, *console.PUBLIC_PATHS)
+    docs.install_offline_docs(app)
+    console.install_console(app)  # the web console at /ui
     ctx.metrics = ctx.metrics or ApiMetrics()
     app.include_router(ops_router)  # /health and /metrics answer in every cluster state
     gated = [Depends(cluster_gate)]
     for router in GATED_ROUTERS:
         app.include_router(router, dependencies=gated)
     app.include_router(evolutions_router, dependencies=gated)
+    app.include_router(events_router, dependencies=gated)  # GET /jobs/{id}/events: history or live SSE
+    app.include_router(keys_router, dependencies=gated)  # /admin/keys
     _install_cross_cutting(app, ctx, install_security)
     return app
 

@@ -20,12 +20,9 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _store() -> ApiKeyStore:
-    from alloy.config import load_settings
-    from alloy.db import Database
+    from alloy.cli.data import cli_settings, open_existing_database
 
-    database = Database.from_settings(load_settings())
-    database.verify_schema()  # an un-upgraded database names "alloy db upgrade"
-    return ApiKeyStore(database)
+    return ApiKeyStore(open_existing_database(cli_settings()))  # an old schema names "alloy db upgrade"
 
 
 def _fail(error: AlloyError) -> click.ClickException:
