@@ -6,9 +6,8 @@ defaults, scopes, input counts, the HTTP strategy family it belongs to) with its
 :mod:`kernels.karcher`, :mod:`kernels.model_stock`, :mod:`kernels.nearswap`, :mod:`kernels.arcee_fusion`,
 :mod:`kernels.sce`, :mod:`kernels.ram`, :mod:`kernels.passthrough`, and :mod:`kernels.gta` (generalized task
 arithmetic: task_arithmetic, ties, dare_*, breadcrumbs*, della*), with the sparsifiers in :mod:`kernels.sparsify`.
-:func:`kernels.catalogue.method_catalogue` lists them as plain data. The legacy ``STRATEGIES`` (Alloy's first five
-strategies, :mod:`kernels.ties`, :mod:`kernels.dare`, :mod:`kernels.task_arithmetic`, :mod:`kernels.franken`) stay
-until their callers move to ``METHODS``.
+:func:`kernels.catalogue.method_catalogue` lists them as plain data. :mod:`kernels.franken` holds the layer-name
+rules of layer stacking.
 
 Every kernel has the signature ``merge(tensors, base_index, global_params, model_params, generator, owned=False)``,
 computes in float32 whatever the input dtype, and modifies an input only when the caller gives it up (``owned``).

@@ -6,8 +6,7 @@ meaningless, e.g. density in [0, 1]). Deviations, all documented at the kernel: 
 (mergekit's fp32 argsort is unstable there); random methods draw from the per-tensor generator in a fixed order
 (parity with mergekit is statistical); arcee_fusion's quartiles are exact (mergekit samples above 10^6 entries);
 DELLA gives a one-entry row probability ``density`` (mergekit fails); linear and multislerp refuse to normalize
-weights summing to zero (mergekit divides by zero). ``STRATEGIES`` are the legacy Alloy strategies, kept unchanged
-until their callers use ``METHODS``.
+weights summing to zero (mergekit divides by zero).
 """
 
 from __future__ import annotations
@@ -17,13 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kernels import (arcee_fusion, dare, gta, iso, karcher, linear, model_stock, multislerp, nearswap, nuslerp,
-                     passthrough, ram, sce, slerp, task_arithmetic, ties, tsv)
+from kernels import (arcee_fusion, gta, iso, karcher, linear, model_stock, multislerp, nearswap, nuslerp, passthrough,
+                     ram, sce, slerp, tsv)
 from kernels.errors import InvalidParameterError, UnknownStrategyError
-from kernels.params import is_filter_list, is_gradient, is_scalar, resolve_value, scalar_points
+from kernels.params import is_filter_list, is_gradient, is_scalar, scalar_points
 
 # "global": one value per tensor (mergekit's SHARED scope); "per_model": one value per model other than the base
-# (mergekit's NON_BASE; the legacy strategies' per-model parameters are of this kind too); "input": one value per
+# (mergekit's NON_BASE); "input": one value per
 # input model, the base included (mergekit's INPUT: linear's weight, passthrough's scale).
 Scope = Literal["global", "per_model", "input"]
 Kernel = Callable[..., Any]  # (tensors, base_index, global_params, model_params, generator, owned) -> float32 tensor
@@ -77,16 +76,32 @@ class ParamSpec:
             raise InvalidParameterError(self.name, f"must be <= {self.maximum}, got {number}")
 
 
+# --- mergekit 0.1.5 methods ----------------------------------------------------------------------------------
+
+Family = Literal["slerp", "ties", "dare", "task_arithmetic", "franken_merge"]  # the HTTP strategies
+BasePolicy = Literal["required", "optional", "ignored"]
+
+
 @dataclass(frozen=True)
-class StrategySpec:
+class MethodSpec:
+    """A mergekit merge method: its parameters (names, defaults and scopes as mergekit 0.1.5 declares them), its
+    kernel, and the inputs it takes. ``min_models``/``max_models`` count every input, the base included;
+    ``min_non_base``/``max_non_base`` count the others. ``uses_base``: the kernel reads a base when there is one;
+    ``requires_base``: it needs one. ``family``: the HTTP strategy it is a variant of."""
+
     name: str
     description: str
     params: tuple[ParamSpec, ...]
-    kernel: Kernel | None  # None for franken_merge, which moves tensors instead of computing them
+    kernel: Kernel
     min_models: int = 2
     max_models: int = 8
     uses_base: bool = True
     random: bool = False  # draws from the per-tensor generator
+    family: Family = "task_arithmetic"
+    base: BasePolicy = "required"
+    min_non_base: int | None = None
+    max_non_base: int | None = None
+    reference: str = ""
     param_index: dict[str, ParamSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -97,80 +112,12 @@ class StrategySpec:
         object.__setattr__(self, "param_index", index)
 
     def param(self, name: str) -> ParamSpec:
+        """The parameter under its name or an alias; InvalidParameterError naming it when the method has none."""
         spec = self.param_index.get(name)
         if spec is None:
             known = ", ".join(p.name for p in self.params) or "none"
             raise InvalidParameterError(name, f"unknown parameter for {self.name} (known: {known})")
         return spec
-
-
-def _weight() -> ParamSpec:
-    return ParamSpec("weight", float, 1.0, "per_model", -100.0, 100.0, description="weight of the model's task vector")
-
-
-def _lambda() -> ParamSpec:
-    return ParamSpec("lambda", float, 1.0, "global", -100.0, 100.0, aliases=("scale",),
-                     description="scale of the merged task vector")
-
-
-STRATEGIES: dict[str, StrategySpec] = {
-    "slerp": StrategySpec(
-        "slerp", "spherical interpolation of exactly two models; the base at t=0",
-        (ParamSpec("t", float, 0.5, "global", 0.0, 1.0, description="interpolation factor"),),
-        slerp.merge, min_models=2, max_models=2),
-    "linear": StrategySpec(
-        "linear", "weighted average of the models",
-        (_weight(), ParamSpec("normalize", bool, True, "global", description="divide by the sum of weights")),
-        linear.merge, uses_base=False),
-    "task_arithmetic": StrategySpec(
-        "task_arithmetic", "base + lambda * sum(w_i * (x_i - base))",
-        (_weight(), _lambda(), ParamSpec("normalize", bool, False, "global")),
-        task_arithmetic.merge),
-    "ties": StrategySpec(
-        "ties", "trim task vectors to the top density by magnitude, elect signs, disjoint mean",
-        (ParamSpec("density", float, 0.5, "per_model", 0.0, 1.0, description="fraction of each task vector kept"),
-         ParamSpec("epsilon", float, 0.0, "per_model", 0.0, 0.5,
-                   description="> 0: magnitude-ranked stochastic pruning with keep probability density ± epsilon"),
-         _weight(), _lambda(), ParamSpec("normalize", bool, True, "global")),
-        ties.merge, random=True),
-    "dare": StrategySpec(
-        "dare", "drop task-vector entries at random, rescale, then task arithmetic or TIES consensus",
-        (ParamSpec("drop_rate", float, 0.5, "per_model", 0.0, 1.0, description="probability of dropping an entry"),
-         ParamSpec("rescale", bool, True, "global", description="multiply survivors by 1/(1-drop_rate)"),
-         ParamSpec("consensus", bool, False, "global", description="TIES sign consensus instead of a plain sum"),
-         _weight(), _lambda(), ParamSpec("normalize", bool, False, "global")),
-        dare.merge, random=True),
-    "franken_merge": StrategySpec(
-        "franken_merge", "stack layer slices of the models (mergekit passthrough)", (), None,
-        min_models=1, max_models=8, uses_base=False),
-}
-
-
-def get_strategy(name: str) -> StrategySpec:
-    spec = STRATEGIES.get(name)
-    if spec is None:
-        raise UnknownStrategyError(name, sorted(STRATEGIES))
-    return spec
-
-
-# --- mergekit 0.1.5 methods ----------------------------------------------------------------------------------
-
-Family = Literal["slerp", "ties", "dare", "task_arithmetic", "franken_merge"]  # the HTTP strategies
-BasePolicy = Literal["required", "optional", "ignored"]
-
-
-@dataclass(frozen=True)
-class MethodSpec(StrategySpec):
-    """A mergekit merge method: its parameters (names, defaults and scopes as mergekit 0.1.5 declares them), its
-    kernel, and the inputs it takes. ``min_models``/``max_models`` count every input, the base included;
-    ``min_non_base``/``max_non_base`` count the others. ``uses_base``: the kernel reads a base when there is one;
-    ``requires_base``: it needs one. ``family``: the HTTP strategy it is a variant of."""
-
-    family: Family = "task_arithmetic"
-    base: BasePolicy = "required"
-    min_non_base: int | None = None
-    max_non_base: int | None = None
-    reference: str = ""
 
     @property
     def requires_base(self) -> bool:
@@ -361,30 +308,7 @@ def get_method(name: str) -> MethodSpec:
     return spec
 
 
-def canonical_params(spec: StrategySpec, params: Mapping[str, Any], *, per_model: bool) -> dict[str, Any]:
-    """Validate one parameter mapping and return it under canonical names (``scale`` -> ``lambda``).
-    Per-model parameters may also be given globally (as the default for every model), not the reverse."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        param = spec.param(key)
-        if per_model and param.scope == "global":
-            raise InvalidParameterError(key, f"is a global parameter of {spec.name}; set it in the recipe's parameters")
-        if param.name in out:
-            raise InvalidParameterError(key, f"given twice (as {param.name!r} and an alias)")
-        param.check(value)
-        out[param.name] = value
-    return out
-
-
-def validate_parameters(spec: StrategySpec, global_params: Mapping[str, Any],
-                        model_params: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Check every parameter's name, scope, form and range; return the canonical mappings."""
-    canonical_global = canonical_params(spec, global_params, per_model=False)
-    canonical_models = [canonical_params(spec, p, per_model=True) for p in model_params]
-    return canonical_global, canonical_models
-
-
-def check_required(spec: StrategySpec, global_params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]],
+def check_required(spec: MethodSpec, global_params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]],
                    base_index: int | None) -> None:
     """Raise InvalidParameterError for a required parameter left unset (canonical names expected): a global one
     anywhere, a per-model one for any model but the base (mergekit binds those to the other models only), an
@@ -399,29 +323,3 @@ def check_required(spec: StrategySpec, global_params: Mapping[str, Any], model_p
             if not skip_base and param.name not in params:
                 raise InvalidParameterError(param.name, f"is required by {spec.name} for every model "
                                                         f"(missing for model {index})")
-
-
-def resolve_for_tensor(spec: StrategySpec, global_params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]],
-                       tensor_name: str, t: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Scalars for one tensor: per-model value, else global value, else the default (canonical names expected)."""
-    resolved_global: dict[str, Any] = {}
-    resolved_models: list[dict[str, Any]] = [{} for _ in model_params]
-    for param in spec.params:
-        fallback = _resolved(param, global_params.get(param.name), tensor_name, t, param.default)
-        if param.scope == "global":
-            resolved_global[param.name] = fallback
-            continue
-        for mine, theirs in zip(resolved_models, model_params):
-            mine[param.name] = _resolved(param, theirs.get(param.name), tensor_name, t, fallback)
-    return resolved_global, resolved_models
-
-
-def _resolved(param: ParamSpec, value: Any, tensor_name: str, t: float, fallback: Any) -> Any:
-    if value is None:
-        return fallback
-    scalar = resolve_value(value, tensor_name, t)
-    if scalar is None:
-        return fallback
-    if param.type is bool:
-        return bool(scalar)
-    return int(scalar) if param.type is int else float(scalar)

@@ -10,7 +10,7 @@ import torch
 
 from kernels.catalogue import method_catalogue
 from kernels.errors import InvalidParameterError, UnknownStrategyError
-from kernels.registry import ALLOY_ONLY_METHODS, METHODS, STRATEGIES, get_method, get_strategy, validate_parameters
+from kernels.registry import ALLOY_ONLY_METHODS, METHODS, get_method
 
 MERGEKIT_METHODS = {
     "linear", "slerp", "nuslerp", "multislerp", "karcher", "task_arithmetic", "ties", "dare_ties", "dare_linear",
@@ -95,26 +95,21 @@ def test_refused_input_counts(method, count, has_base, param):
     assert info.value.param == param
 
 
-def test_unknown_method_and_the_legacy_strategies_still_work():
+def test_unknown_method_is_refused():
     with pytest.raises(UnknownStrategyError):
         get_method("dare")  # an HTTP family, not a mergekit method
-    assert get_strategy("dare").param("drop_rate").default == 0.5
-    assert set(STRATEGIES) == {"slerp", "linear", "task_arithmetic", "ties", "dare", "franken_merge"}
 
 
-def test_method_parameters_validate_like_strategy_parameters():
+def test_method_parameters_check_name_and_range():
     spec = get_method("della")
-    global_params, model_params = validate_parameters(spec, {"lambda": 0.5}, [{}, {"density": 0.4, "epsilon": 0.1}])
-    assert model_params[1] == {"density": 0.4, "epsilon": 0.1}
+    spec.param("density").check(0.4)
+    spec.param("epsilon").check(0.1)
     with pytest.raises(InvalidParameterError) as info:
-        validate_parameters(spec, {}, [{}, {"density": 1.5}])
+        spec.param("density").check(1.5)
     assert info.value.param == "density"
     with pytest.raises(InvalidParameterError) as info:
-        validate_parameters(get_method("karcher"), {"max_iter": 2.5}, [])
+        get_method("karcher").param("max_iter").check(2.5)
     assert info.value.param == "max_iter"
-    with pytest.raises(InvalidParameterError) as info:
-        validate_parameters(get_method("ties"), {}, [{"lambda": 2.0}])  # global given per model
-    assert info.value.param == "lambda"
 
 
 def test_catalogue_is_plain_data_for_every_method():
