@@ -309,7 +309,7 @@ parameters: {t: 0.5}
     ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer: {source: union}\n", "tokenizer"),
     ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nchat_template: chatml\n", "chat_template"),
     ("merge_method: linear\nmodels: [{model: a, weight: 1}, {model: b}]\n", "models.0.weight"),
-    ("merge_method: linear\nmodels: [{model: a+lora}, {model: b}]\n", "models.0.model"),
+    ("merge_method: linear\nmodels: [{model: a+lora+more}, {model: b}]\n", "models.0.model"),  # one adapter at most
     ("merge_method: passthrough\nslices: [{sources: [{model: a, layer_range: [0, 1]}], residual_weight: 0.1}]\n",
      "slices.0.residual_weight"),
     ("merge_method: linear\nmodels: [{model: a, parameters: {weight: 1, density: 0.5}}, {model: b}]\n",

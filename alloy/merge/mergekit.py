@@ -16,7 +16,9 @@ dtype                  ``compute_dtype``; also the output dtype unless ``out_dty
 out_dtype              ``dtype`` (the output dtype)
 tokenizer_source,      refused for now (the output takes the base model's tokenizer files)
 tokenizer, chat_template
-modules, residual_weight, LoRA ``model+adapter``: refused
+``model+adapter``      a PEFT LoRA adapter folded into the model as it is read (:mod:`alloy.merge.lora`)
+modules,               refused
+residual_weight
 =====================  ============================================================================
 """
 
@@ -29,6 +31,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from alloy.errors import AlloyError, ErrorCode
+from alloy.merge.lora import split_reference
 from alloy.merge.methods import get_method
 from alloy.merge.recipe import MergeRecipe, recipe_validation_error
 
@@ -188,8 +191,10 @@ def _slice_entry(entry: Any, field: str) -> dict[str, Any]:
 def _model_name(entry: Any, field: str) -> str:
     if not isinstance(entry, str) or not entry:
         raise _refuse(field, f"must be a model name or path, got {type(entry).__name__}")
-    if "+" in entry:
-        raise _refuse(field, "LoRA references (model+adapter) are not supported")
+    try:
+        split_reference(entry)  # ``model+adapter``: checked here, the adapter itself when the merge opens it
+    except AlloyError as exc:
+        raise _refuse(field, exc.message) from None
     return entry
 
 
