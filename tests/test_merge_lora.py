@@ -166,3 +166,24 @@ def test_lora_reference_needs_a_lora_source(pair, tmp_path):
     with pytest.raises(AlloyError) as info:
         execute_merge(load_recipe_yaml(LINEAR), {"base+lora": base, "other": other}, tmp_path / "out")
     assert info.value.code == ErrorCode.VALIDATION_FAILED and info.value.details["model"] == "base+lora"
+
+
+def test_alloy_merge_cli_reads_model_plus_adapter(pair, tmp_path):
+    from click.testing import CliRunner
+
+    from alloy.cli.merge import merge as merge_command
+
+    base, other = pair
+    w, o = weights(base), weights(other)
+    (a, b) = write_adapter(tmp_path / "lora", w)[TARGETS[0]]
+    recipe = tmp_path / "recipe.yml"
+    # "lora" is relative to the recipe's folder, as model paths may be
+    recipe.write_text(LINEAR.replace("base+lora", f"{base}+lora").replace("model: other", f"model: {other}"))
+    result = CliRunner().invoke(merge_command, [str(recipe), str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    name = f"{TARGETS[0]}.weight"
+    expected = 0.5 * (w[name] + ALPHA / RANK * (b @ a)) + 0.5 * o[name]
+    torch.testing.assert_close(weights(tmp_path / "out")[name], expected, rtol=1e-5, atol=1e-5)
+    (tmp_path / "lora" / "adapter_model.safetensors").unlink()
+    refused = CliRunner().invoke(merge_command, [str(recipe), str(tmp_path / "out3"), "--quiet"])
+    assert refused.exit_code != 0 and "VALIDATION_FAILED" in refused.output and "adapter_model" in refused.output

@@ -20,6 +20,22 @@ def resolve_model_path(reference: str, recipe_dir: Path) -> Path:
                      {"model_id": reference})
 
 
+def resolve_adapter_path(reference: str, recipe_dir: Path) -> Path:
+    for candidate in (Path(reference).expanduser(), recipe_dir / reference):
+        if candidate.is_dir():
+            return candidate.resolve()
+    raise AlloyError(ErrorCode.MODEL_NOT_FOUND, f"adapter {reference!r} is not a local folder", {"model_id": reference})
+
+
+def resolve_source(reference: str, recipe_dir: Path):
+    """A model folder, or for ``model+adapter`` the base folder and the LoRA adapter folder."""
+    from alloy.merge.lora import LoraSource, split_reference
+
+    model, adapter = split_reference(reference)
+    base = resolve_model_path(model, recipe_dir)
+    return base if adapter is None else LoraSource(base, resolve_adapter_path(adapter, recipe_dir))
+
+
 @click.command("merge")
 @click.argument("recipe_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(path_type=Path))
@@ -42,7 +58,7 @@ def merge(recipe_file: Path, out_dir: Path, device: str, seed: int | None, shard
         recipe = load_recipe_yaml(recipe_file.read_text())
         if seed is not None:
             recipe = recipe.model_copy(update={"seed": seed})
-        sources = {m: resolve_model_path(m, recipe_file.parent) for m in recipe.model_ids}
+        sources = {m: resolve_source(m, recipe_file.parent) for m in recipe.model_ids}
         bar = None if quiet else tqdm(total=0, unit="B", unit_scale=True, desc="merging", file=sys.stderr)
 
         def report(progress) -> None:
