@@ -99,11 +99,45 @@ def build_pico(out_dir: Path, arch: str, seed: int, base: Path | None = None, no
     return out_dir
 
 
+LORA_TARGETS = ("q_proj", "v_proj", "up_proj", "down_proj")  # square and non-square projections
+
+
+def build_pico_adapter(out_dir: Path, base: Path, seed: int, rank: int = 4, alpha: float = 8.0,
+                       rslora: bool = False) -> Path:
+    """A PEFT-layout LoRA adapter of ``base`` (``adapter_config.json`` + ``adapter_model.safetensors``, PEFT's
+    tensor names), written with plain safetensors: B is random too (PEFT starts it at zero), so the delta shows."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out_dir = Path(out_dir)
+    if (out_dir / "adapter_config.json").exists():
+        return out_dir
+    out_dir.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, weight in sorted(load_file(str(base / "model.safetensors")).items()):
+        module = name.removesuffix(".weight")
+        if module.rsplit(".", 1)[-1] in LORA_TARGETS:
+            out_features, in_features = weight.shape
+            tensors[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, in_features, generator=generator) * 0.1
+            tensors[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.1
+    save_file(tensors, str(out_dir / "adapter_model.safetensors"))
+    (out_dir / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0, "bias": "none",
+        "target_modules": list(LORA_TARGETS), "fan_in_fan_out": False, "use_rslora": rslora}, indent=2))
+    return out_dir
+
+
 def pico_family(root: Path, arch: str) -> dict[str, Path]:
-    """``base`` and three fine-tunes ``a``, ``b``, ``c`` of it."""
+    """``base`` and three fine-tunes ``a``, ``b``, ``c`` of it; for Llama also LoRA adapters of ``base``
+    (``lora``, and ``rslora`` with rsLoRA's scaling)."""
     base = build_pico(root / f"{arch}-base", arch, seed=0)
-    return {"base": base, **{name: build_pico(root / f"{arch}-{name}", arch, seed=s, base=base)
-                             for name, s in (("a", 1), ("b", 2), ("c", 3))}}
+    family = {"base": base, **{name: build_pico(root / f"{arch}-{name}", arch, seed=s, base=base)
+                               for name, s in (("a", 1), ("b", 2), ("c", 3))}}
+    if arch == "llama":
+        family["lora"] = build_pico_adapter(root / f"{arch}-lora", base, seed=4)
+        family["rslora"] = build_pico_adapter(root / f"{arch}-rslora", base, seed=5, rslora=True)
+    return family
 
 
 # --- recipes ----------------------------------------------------------------------------------------------------
@@ -221,6 +255,12 @@ CASES: tuple[Case, ...] = (
          "models: [{{model: {base}}}, {{model: {a}}}]\nparameters: {{t: [0.0, 1.0]}}\ndtype: float32\n"),
     Case("mistral3-slices", "mistral3", "merge_method: passthrough\nslices:\n"
          "  - sources: [{{model: {a}, layer_range: [0, 2]}}]\ndtype: float32\n", refused="slices"),
+    # LoRA inputs (``model+adapter``): mergekit folds the adapter in with peft before merging
+    Case("lora-linear", "llama", "merge_method: linear\nmodels:\n  - model: {base}+{lora}\n"
+         "    parameters: {{weight: 0.5}}\n  - model: {a}\n    parameters: {{weight: 0.5}}\ndtype: float32\n"),
+    Case("rslora-task-arithmetic", "llama", "merge_method: task_arithmetic\nbase_model: {base}\nmodels:\n"
+         "  - model: {base}+{rslora}\n    parameters: {{weight: 0.7}}\n  - model: {b}\n    parameters: {{weight: 0.3}}\n"
+         "dtype: float32\n"),
     Case("dare-linear", "llama-wide", "merge_method: dare_linear\nbase_model: {base}\nmodels:\n  - model: {a}\n"
          "    parameters: {{weight: 0.6, density: 0.4}}\n  - model: {b}\n    parameters: {{weight: 0.4, density: 0.4}}\n"
          "dtype: float32\n", random=True),
@@ -243,8 +283,13 @@ def run_measured(command: list[str], cwd: Path | None = None) -> tuple[float, in
 
 
 def mergekit_command(python: Path, config: Path, out: Path) -> list[str]:
-    return [str(python.parent / "mergekit-yaml"), str(config), str(out), "--allow-crimes", "--no-copy-tokenizer",
-            "--quiet", "--random-seed", "0"]
+    return [str(python.parent / "mergekit-yaml"), str(config), str(out), *mergekit_options(out.parent / "lora-cache")]
+
+
+def mergekit_options(lora_cache: Path) -> list[str]:
+    """mergekit-yaml's options for every run (it merges LoRA inputs into full copies under ``lora_cache``)."""
+    return ["--allow-crimes", "--no-copy-tokenizer", "--quiet", "--random-seed", "0", "--lora-merge-cache",
+            str(lora_cache)]
 
 
 def alloy_command(config: Path, out: Path) -> list[str]:
@@ -255,10 +300,10 @@ BATCH_DRIVER = """
 import json, sys, traceback
 from mergekit.scripts.run_yaml import main
 failed = 0
+options = json.load(open(sys.argv[2]))
 for config, out in json.load(open(sys.argv[1])):
     try:
-        main.main([config, out, "--allow-crimes", "--no-copy-tokenizer", "--quiet", "--random-seed", "0"],
-                  standalone_mode=False)
+        main.main([config, out, *options], standalone_mode=False)
     except Exception:
         failed += 1
         print("FAILED", config, file=sys.stderr)
@@ -272,9 +317,11 @@ def run_mergekit_batch(python: Path, jobs: list[tuple[Path, Path]], scratch: Pat
     torch for all of them: what keeps the conformance test short). One failing recipe does not stop the others."""
     listing = scratch / "mergekit-jobs.json"
     listing.write_text(json.dumps([[str(c), str(o)] for c, o in jobs]))
+    options = scratch / "mergekit-options.json"
+    options.write_text(json.dumps(mergekit_options(scratch / "lora-cache")))
     driver = scratch / "mergekit_batch.py"
     driver.write_text(BATCH_DRIVER)
-    result = subprocess.run([str(python), str(driver), str(listing)], capture_output=True, text=True)
+    result = subprocess.run([str(python), str(driver), str(listing), str(options)], capture_output=True, text=True)
     return result.stderr if result.returncode != 0 else ""  # the failed recipes have no output folder
 
 

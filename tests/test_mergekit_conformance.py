@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from alloy.cli.merge import resolve_source
 from alloy.errors import AlloyError, ErrorCode
 from alloy.merge.executor import execute_merge
 from alloy.merge.mergekit import load_recipe_yaml
@@ -38,7 +39,9 @@ def alloy_outputs(families, tmp_path_factory):
     for case in CASES:
         models = families[case.arch]
         try:
-            execute_merge(load_recipe_yaml(case.text(models)), {str(p): p for p in models.values()}, root / case.name)
+            recipe = load_recipe_yaml(case.text(models))
+            sources = {m: resolve_source(m, root) for m in recipe.model_ids}  # as ``alloy merge`` finds them
+            execute_merge(recipe, sources, root / case.name)
             outputs[case.name] = root / case.name
         except AlloyError as exc:
             outputs[case.name] = exc
@@ -65,7 +68,7 @@ def mergekit_outputs(families, tmp_path_factory):
 def test_the_recipes_cover_every_family_and_form():
     assert {c.arch for c in CASES} >= {"llama", "mistral", "qwen2", "gpt2", "mistral3"}
     texts = "\n".join(c.recipe for c in CASES)
-    for form in ("slices:", "filter:", "out_dtype:", "scale:", "int8_mask", "lambda:", "normalize:"):
+    for form in ("slices:", "filter:", "out_dtype:", "scale:", "int8_mask", "lambda:", "normalize:", "}+{"):
         assert form in texts, form
 
 
