@@ -133,6 +133,18 @@ def test_shape_mismatch_is_refused_naming_the_tensor(pair, tmp_path):
     assert error.details["tensor"] == f"{TARGETS[1]}.weight"
 
 
+def test_integer_or_empty_adapter_weights_are_refused(pair, tmp_path):
+    adapter = tmp_path / "lora"
+    write_adapter(adapter, weights(pair[0]))
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    name = f"base_model.model.{TARGETS[0]}.lora_A.weight"
+    tensors[name] = tensors[name].to(torch.int8)
+    save_file(tensors, str(adapter / "adapter_model.safetensors"))
+    assert refusal(pair, tmp_path, adapter).details["tensor"] == f"{TARGETS[0]}.weight"
+    save_file({}, str(adapter / "adapter_model.safetensors"))
+    assert refusal(pair, tmp_path, adapter).details["file"] == "adapter_model.safetensors"
+
+
 def test_rank_other_than_the_config_r_is_refused(pair, tmp_path):
     adapter = tmp_path / "lora"
     write_adapter(adapter, weights(pair[0]), r=RANK + 1)

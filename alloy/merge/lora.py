@@ -24,7 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.merge.tensor_io import SafetensorsReader, StoredTensor
+from alloy.merge.tensor_io import TORCH_DTYPES, SafetensorsReader, StoredTensor
 from alloy.model_manifest import ModelManifest, read_safetensors_header
 
 SEPARATOR = "+"  # mergekit's ``model+adapter`` spelling
@@ -33,6 +33,7 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
 NAME_PREFIX = "base_model.model."  # PEFT's wrapper prefix (PeftModel.base_model.model is the transformers model)
 PAIR_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
 def split_reference(reference: str) -> tuple[str, str | None]:
@@ -172,6 +173,8 @@ class LoraReader:
         self._adapter = SafetensorsReader.from_files([weights])
         try:
             self.names = _pairs(header, reference)
+            if not self.names:
+                raise _refuse(reference, f"{WEIGHTS_FILE} holds no LoRA weights", file=WEIGHTS_FILE)
             for target, (a, b) in self.names.items():
                 self._check(target, LoraPair(self._adapter.tensors[a], self._adapter.tensors[b]), manifest,
                             reference)
@@ -183,6 +186,10 @@ class LoraReader:
         info = manifest.tensors.get(target)
         if info is None:
             raise _refuse(reference, f"targets {target!r}, which the base model does not have", tensor=target)
+        for half in (pair.a, pair.b):
+            if TORCH_DTYPES.get(half.dtype) not in FLOAT_DTYPES:
+                raise _refuse(reference, f"{target}: LoRA weights must be floating point, got {half.dtype}",
+                              tensor=target)
         rank = self.config.r
         if len(pair.a.shape) != 2 or len(pair.b.shape) != 2 or pair.a.shape[0] != rank or pair.b.shape[1] != rank:
             raise _refuse(reference, f"{target}: lora_A {list(pair.a.shape)} and lora_B {list(pair.b.shape)} "
