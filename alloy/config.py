@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from alloy.http_port import DEFAULT_HTTP_PORT
 from alloy.errors import AlloyError, ErrorCode, from_validation_error
 
 DEFAULT_CONFIG_PATH = Path("configs/alloy.yaml")
@@ -63,6 +64,7 @@ class AuthSettings(BaseModel):
 class ServerSettings(BaseModel):
     public_url: str | None = Field(None, description="Base of absolute URLs; default: the request's base URL")
     max_body_bytes: int = Field(1024 * 1024, gt=0)
+    port: int = Field(DEFAULT_HTTP_PORT, ge=1, le=65535, description="HTTP port of `alloy start` (when free; --port overrides)")
 
 
 class MergeSettings(BaseModel):
@@ -162,8 +164,17 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, VaultSource(settings_cls), YamlFileSource(settings_cls))
 
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
 def config_path() -> Path:
-    return Path(os.environ.get("ALLOY_CONFIG", DEFAULT_CONFIG_PATH))
+    """``ALLOY_CONFIG``; else ``configs/alloy.yaml`` in the current folder; else the project's own (so the CLI
+    reads the same file from any folder, as the Serve builder does)."""
+    if "ALLOY_CONFIG" in os.environ:
+        return Path(os.environ["ALLOY_CONFIG"])
+    if DEFAULT_CONFIG_PATH.exists():
+        return DEFAULT_CONFIG_PATH
+    return PROJECT_ROOT / DEFAULT_CONFIG_PATH
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -84,19 +84,26 @@ def confined_path(
 ) -> Path:
     """Resolve ``candidate`` (symlinks included) and return it if it lies inside one of ``roots``.
 
-    Relative candidates are taken relative to each root in turn. Raise VALIDATION_FAILED otherwise, without
-    revealing which roots exist.
+    Relative candidates are taken relative to each root in turn. Raise VALIDATION_FAILED otherwise, naming the
+    allowed roots (the operator configured them for clients to use) and nothing else of the file system: not
+    where the candidate resolved to.
     """
     text = os.fspath(candidate)
     if not text or "\x00" in text:
         raise AlloyError(ErrorCode.VALIDATION_FAILED, f"invalid {kind}", {"field": kind})
-    for root in roots:
-        root_path = Path(root).resolve()
+    allowed = [Path(root).resolve() for root in roots]
+    for root_path in allowed:
         resolved = (root_path / text).resolve()  # an absolute candidate replaces root_path here
         if resolved == root_path or root_path in resolved.parents:
             return resolved
-    raise AlloyError(
+    raise outside_roots(kind, allowed)
+
+
+def outside_roots(kind: str, roots: Iterable[str | os.PathLike[str]]) -> AlloyError:
+    """VALIDATION_FAILED for a path outside every allowed root, naming the roots."""
+    names = [str(root) for root in roots]
+    return AlloyError(
         ErrorCode.VALIDATION_FAILED,
-        f"{kind} is outside the allowed folders",
-        {"field": kind, "reason": "not under an allowed root"},
+        f"{kind} is outside the allowed folders ({', '.join(names) or 'none configured'})",
+        {"field": kind, "reason": "not under an allowed root", "allowed_roots": names},
     )

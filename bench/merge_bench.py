@@ -1,21 +1,21 @@
-"""Merge benchmark: Alloy's streaming executor against a naive merge, on three fp32 Llama-style models.
+"""Merge benchmark: Alloy against its own task-arithmetic floor and against mergekit 0.1.5, same inputs, one run.
 
-    python bench/merge_bench.py [--root /tmp/alloy-bench] [--strategies ties,dare,slerp,task_arithmetic]
-                                [--mergekit /path/to/mergekit-yaml]
+    python bench/merge_bench.py [--hidden 768 --intermediate 2048 --layers 4 --vocab 16000] [--tunes 3]
+                                [--shard-mb 200] [--methods ties,dare_ties,slerp,della,breadcrumbs_ties]
+                                [--mergekit /work/mkvenv/bin/python] [--no-mergekit] [--root DIR] [--keep-models]
 
-Builds, offline and once, three ~1.3 GB fp32 models (hidden 2048, 8 layers, vocab 32000): a base and two
-"fine-tunes" (base + small noise). For each strategy it runs, each in its own process so that peak RSS
-(``ru_maxrss`` of that process) is not polluted by the other:
+Builds (offline, with a fixed seed) a base and ``--tunes`` "fine-tunes" (base + small noise) as sharded fp32
+Llama-style checkpoints. Every method is written once as a mergekit YAML recipe, and the very same file is run by
+``alloy merge`` and, when mergekit is installed (``/work/mkvenv/bin/python`` or ``--mergekit PYTHON``), by
+``mergekit-yaml``. Each run is its own process, timed by ``os.wait4``: wall seconds, CPU seconds (user + system)
+and peak RSS of that process alone. Both tools pay their interpreter start and imports.
 
-* baseline: the naive way: load every tensor of every model (``safetensors.torch.load_file``), compute with the
-  textbook maths as mergekit 0.1.5 writes it (full ``argsort`` for the TIES trim, stacked task vectors,
-  ``torch.bernoulli`` for DARE), then ``save_file`` the whole result;
-* alloy: ``alloy.merge.executor.execute_merge`` (lazy pread reads, bounded in-flight tensors, selection-based
-  trim, shards written as tensors finish).
+The floor of a method is ``task_arithmetic`` over the same models: it reads every input once and writes the
+output once with the least arithmetic, so ``alloy / floor`` is the price of the method's own maths. Deterministic
+methods are also compared tensor by tensor with mergekit's output (max |alloy - mergekit|).
 
-It prints wall time and peak RSS for both and the Alloy/baseline ratios, and checks that Alloy's tensors equal
-the baseline's for the deterministic strategies. With ``--mergekit`` it also times the real ``mergekit-yaml``
-(installed in a separate environment) on the same TIES recipe and compares its tensors with Alloy's.
+The default size runs in about two minutes on 2 shared vCPUs; the issue's size is ``--hidden 2048
+--intermediate 5632 --layers 4 --vocab 32000`` (1.34 GB per model).
 """
 
 from __future__ import annotations
@@ -23,309 +23,237 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-HIDDEN, LAYERS, VOCAB, INTERMEDIATE, HEADS = 2048, 8, 32000, 1280, 16
-STRATEGIES = {
-    "ties": {"strategy": "ties", "models": ["base", "tune1", "tune2"], "parameters": {"density": 0.5}},
-    "dare": {"strategy": "dare", "models": ["base", "tune1", "tune2"], "parameters": {"drop_rate": 0.5}},
-    "slerp": {"strategy": "slerp", "models": ["base", "tune1"], "parameters": {"t": 0.5}},
-    "task_arithmetic": {
-        "strategy": "task_arithmetic",
-        "models": ["base", "tune1", "tune2"],
-        "parameters": {"lambda": 1.0},
-    },
+DEFAULT_MERGEKIT_PYTHON = Path("/work/mkvenv/bin/python")
+REPO = Path(__file__).resolve().parent.parent
+# method -> (models used: all tunes or one, parameters of each non-base model, global parameters)
+METHODS = {
+    "ties": ("all", {"weight": 1.0, "density": 0.5}, {"normalize": True}),
+    "dare_ties": ("all", {"weight": 1.0, "density": 0.5}, {"normalize": True}),
+    "della": ("all", {"weight": 1.0, "density": 0.5, "epsilon": 0.1}, {"lambda": 1.0}),
+    "breadcrumbs_ties": ("all", {"weight": 1.0, "density": 0.5, "gamma": 0.01}, {}),
+    "slerp": ("one", {}, {"t": 0.5}),
+    "task_arithmetic": ("all", {"weight": 1.0}, {}),
 }
-DETERMINISTIC = {"ties", "slerp", "task_arithmetic"}  # DARE's random masks differ by construction
+RANDOM = {"dare_ties", "della"}  # the two tools draw different random masks: no tensor comparison
 
 
-# --- model building ----------------------------------------------------------------------------------------------
+@dataclass
+class Usage:
+    wall_s: float
+    cpu_s: float
+    peak_rss: int
 
 
-def layer_shapes() -> dict[str, tuple[int, ...]]:
-    shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (HIDDEN,), p + "post_attention_layernorm.weight": (HIDDEN,)}
-        for proj in ("q", "k", "v", "o"):
-            shapes[p + f"self_attn.{proj}_proj.weight"] = (HIDDEN, HIDDEN)
-        shapes |= {
-            p + "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
-            p + "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
-            p + "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
-        }
-    shapes |= {"model.norm.weight": (HIDDEN,), "lm_head.weight": (VOCAB, HIDDEN)}
-    return shapes
+# --- models ----------------------------------------------------------------------------------------------------
 
-
-def build_models(root: Path) -> dict[str, Path]:
+def build_models(root: Path, args) -> list[Path]:
+    """base, tune1..tuneN as sharded safetensors folders (reused when already built with the same shapes)."""
     import torch
     import transformers
+    from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    paths = {name: root / name for name in ("base", "tune1", "tune2")}
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=HEADS,
-        tie_word_embeddings=False,
-        max_position_embeddings=2048,
-        architectures=["LlamaForCausalLM"],
-    )
-    if all((p / "model.safetensors").exists() for p in paths.values()):
-        for path in paths.values():
-            config.save_pretrained(str(path))
-        return paths
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
+        num_key_value_heads=max(1, args.hidden // 64), tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
+    names = ["base"] + [f"tune{i + 1}" for i in range(args.tunes)]
+    folders = [root / name for name in names]
+    stamp = json.dumps([args.hidden, args.intermediate, args.layers, args.vocab, args.shard_mb])
+    if all((f / "bench-stamp").is_file() and (f / "bench-stamp").read_text() == stamp for f in folders):
+        return folders
     generator = torch.Generator().manual_seed(0)
-    base = {name: (torch.randn(shape, generator=generator) * 0.02) for name, shape in layer_shapes().items()}
-    for name, path in paths.items():
-        path.mkdir(parents=True, exist_ok=True)
-        config.save_pretrained(str(path))
-        if name == "base":
-            tensors = base
-        else:
-            tensors = {k: v + torch.randn(v.shape, generator=generator) * 0.002 for k, v in base.items()}
-        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    base = {name: torch.randn(shape, generator=generator) * 0.02 for name, shape in layer_shapes(args).items()}
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        config.save_pretrained(str(folder))
+        tensors = base if folder.name == "base" else {
+            k: v + torch.randn(v.shape, generator=generator) * 0.002 for k, v in base.items()}
+        split = split_torch_state_dict_into_shards(tensors, max_shard_size=args.shard_mb * 1024**2)
+        for filename, keys in split.filename_to_tensors.items():
+            save_file({k: tensors[k].contiguous() for k in keys}, str(folder / filename), metadata={"format": "pt"})
+        if split.is_sharded:
+            index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+            (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        (folder / "bench-stamp").write_text(stamp)
         del tensors
-    return paths
+    return folders
 
 
-# --- the naive baseline (mergekit 0.1.5's maths, everything in memory) -------------------------------------------
+def layer_shapes(args) -> dict[str, tuple[int, ...]]:
+    h, i = args.hidden, args.intermediate
+    shapes = {"model.embed_tokens.weight": (args.vocab, h)}
+    for layer in range(args.layers):
+        p = f"model.layers.{layer}."
+        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+        shapes |= {p + f"self_attn.{proj}_proj.weight": (h, h) for proj in "qkvo"}
+        shapes |= {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i)}
+    return shapes | {"model.norm.weight": (h,), "lm_head.weight": (args.vocab, h)}
 
 
-def naive_merge(spec: dict, paths: dict[str, Path], out_dir: Path, seed: int = 0) -> None:
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    torch.manual_seed(seed)
-    models = {m: load_file(str(paths[m] / "model.safetensors")) for m in spec["models"]}
-    base = models[spec["models"][0]]
-    others = [models[m] for m in spec["models"][1:]]
-    params = spec["parameters"]
-    merged = {}
-    for name, b in base.items():
-        xs = [o[name] for o in others]
-        if spec["strategy"] == "slerp":
-            merged[name] = naive_slerp(b, xs[0], params["t"])
-        else:
-            deltas = torch.stack([x - b for x in xs])
-            if spec["strategy"] == "ties":
-                deltas = torch.stack([naive_magnitude(d, params["density"]) for d in deltas])
-                sign = deltas.sign()
-                majority = (deltas.sum(dim=0) >= 0).to(b.dtype) * 2 - 1
-                mask = (sign == majority).to(b.dtype)
-                mixed = (deltas * mask).sum(dim=0)
-                divisor = mask.sum(dim=0)
-                divisor[divisor == 0] = 1
-                merged[name] = b + mixed / divisor
-            elif spec["strategy"] == "dare":
-                keep = torch.bernoulli(torch.full_like(deltas, 1 - params["drop_rate"]))
-                merged[name] = b + (deltas * keep / (1 - params["drop_rate"])).sum(dim=0)
-            else:
-                merged[name] = b + params["lambda"] * deltas.sum(dim=0)
-    out_dir.mkdir(parents=True)
-    save_file(merged, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+def recipe_yaml(method: str, folders: list[Path]) -> str:
+    scope, model_params, global_params = METHODS[method]
+    base, tunes = folders[0], (folders[1:] if scope == "all" else folders[1:2])
+    lines = [f"merge_method: {method}", f"base_model: {base}", "models:", f"  - model: {base}"]
+    for tune in tunes:
+        lines.append(f"  - model: {tune}")
+        if model_params:
+            lines.append(f"    parameters: {json.dumps(model_params)}")
+    if global_params:
+        lines.append(f"parameters: {json.dumps(global_params)}")
+    return "\n".join(lines + ["dtype: float32", ""])
 
 
-def naive_magnitude(delta, density):
-    import torch
+# --- runs --------------------------------------------------------------------------------------------------------
 
-    k = max(1, int(density * delta.numel()))
-    mask = torch.zeros(delta.numel(), dtype=delta.dtype)
-    mask[torch.argsort(delta.abs().reshape(-1), descending=True)[:k]] = 1
-    return delta * mask.reshape_as(delta)
-
-
-def naive_slerp(v0, v1, t, eps=1e-8):
-    import torch
-
-    n0, n1 = v0 / max(v0.norm().item(), eps), v1 / max(v1.norm().item(), eps)
-    dot = float((n0 * n1).sum().clamp(-1, 1))
-    if abs(dot) > 0.9995:
-        return (1 - t) * v0 + t * v1
-    theta = torch.acos(torch.tensor(dot)).item()
-    s = torch.sin(torch.tensor(theta)).item()
-    return (torch.sin(torch.tensor((1 - t) * theta)).item() / s) * v0 + (
-        torch.sin(torch.tensor(t * theta)).item() / s
-    ) * v1
-
-
-# --- child processes ------------------------------------------------------------------------------------------------
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def child(kind: str, strategy: str, root: Path, out_dir: Path, compare_with: str | None) -> None:
-    paths = {n: root / n for n in ("base", "tune1", "tune2")}
-    spec = STRATEGIES[strategy]
+def timed(command: list[str], env: dict | None = None) -> Usage:
+    """Run ``command`` in its own process; wall, CPU and peak RSS of that process alone (os.wait4)."""
     started = time.perf_counter()
-    if kind == "baseline":
-        naive_merge(spec, paths, out_dir)
-    else:
-        from alloy.merge.executor import execute_merge
-        from alloy.merge.recipe import MergeRecipe, ModelRef
-
-        recipe = MergeRecipe(
-            strategy=spec["strategy"], models=[ModelRef(model=m) for m in spec["models"]], parameters=spec["parameters"]
-        )
-        execute_merge(recipe, paths, out_dir)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
+    stderr = process.stderr.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
-    report = {"wall_s": wall, "peak_rss": peak_rss_bytes()}
-    if compare_with:  # after the measurements: comparing reads both outputs
-        report["max_abs_diff"] = max_abs_diff(out_dir, Path(compare_with))
-    print("RESULT " + json.dumps(report), flush=True)
+    if process.returncode:
+        raise RuntimeError(f"{command[:3]} failed ({process.returncode}):\n{stderr.decode()[-3000:]}")
+    return Usage(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+
+
+def run_alloy(config: Path, out: Path) -> Usage:
+    return timed([sys.executable, "-m", "alloy.cli.main", "merge", str(config), str(out), "--quiet"])
+
+
+def run_mergekit(python: Path, config: Path, out: Path) -> Usage:
+    command = [str(python.parent / "mergekit-yaml"), str(config), str(out), "--no-copy-tokenizer", "--quiet",
+               "--allow-crimes", "--random-seed", "0"]
+    return timed(command, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def max_abs_diff(a: Path, b: Path) -> float:
+    import torch
     from safetensors import safe_open
 
-    def handles(folder):
-        return {name: f for f in folder.glob("*.safetensors") for name in safe_open(str(f), "pt").keys()}
+    def where(folder: Path) -> dict[str, Path]:
+        found = {}
+        for shard in folder.glob("*.safetensors"):
+            with safe_open(str(shard), "pt") as handle:
+                found |= {name: shard for name in handle.keys()}
+        return found
 
-    files_a, files_b = handles(a), handles(b)
-    if set(files_a) != set(files_b):
+    in_a, in_b = where(a), where(b)
+    if set(in_a) != set(in_b):
         return float("inf")
     worst = 0.0
-    for name in files_a:
-        with safe_open(str(files_a[name]), "pt") as fa, safe_open(str(files_b[name]), "pt") as fb:
-            worst = max(worst, (fa.get_tensor(name).float() - fb.get_tensor(name).float()).abs().max().item())
+    for name, shard in in_a.items():
+        with safe_open(str(shard), "pt") as fa, safe_open(str(in_b[name]), "pt") as fb:
+            diff = fa.get_tensor(name).to(torch.float32) - fb.get_tensor(name).to(torch.float32)
+            worst = max(worst, float(diff.abs().max()))
     return worst
 
 
-def run_child(kind: str, strategy: str, root: Path, out_dir: Path, compare_with: Path | None = None) -> dict:
-    command = [
-        sys.executable,
-        __file__,
-        "--child",
-        kind,
-        "--strategy",
-        strategy,
-        "--root",
-        str(root),
-        "--out",
-        str(out_dir),
-    ]
-    if compare_with:
-        command += ["--compare-with", str(compare_with)]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return json.loads(next(line for line in output.splitlines() if line.startswith("RESULT "))[7:])
-
-
-def run_mergekit(mergekit: str, root: Path, out_dir: Path) -> dict:
-    recipe = root / "ties-mergekit.yml"
-    recipe.write_text(
-        f"merge_method: ties\nbase_model: {root / 'base'}\nmodels:\n  - model: {root / 'base'}\n"
-        + "".join(f"  - model: {root / m}\n    parameters: {{weight: 1.0, density: 0.5}}\n" for m in ("tune1", "tune2"))
-        + "parameters: {normalize: true}\ndtype: float32\n"
-    )
-    # A fresh wrapper process waits for mergekit, so RUSAGE_CHILDREN there is mergekit's own peak.
-    wrapper = (
-        "import json, resource, subprocess, sys, time; t = time.perf_counter(); "
-        "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True); "
-        "w = time.perf_counter() - t; sys.stderr.write(p.stderr[-2000:] if p.returncode else ''); "
-        "print('RESULT ' + json.dumps({'wall_s': w, 'rc': p.returncode, "
-        "'peak_rss': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", wrapper, mergekit, str(recipe), str(out_dir), "--no-copy-tokenizer"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    if result["rc"]:
-        raise RuntimeError(f"mergekit failed: {done.stderr}")
-    return result
-
-
-def warm_page_cache(root: Path) -> None:
-    for path in root.glob("*/model.safetensors"):
-        with path.open("rb") as handle:
+def warm_page_cache(folders: list[Path]) -> None:
+    """Read every input once so that no run pays the first read from disk and the others do not."""
+    for shard in (s for f in folders for s in f.glob("*.safetensors")):
+        with shard.open("rb") as handle:
             while handle.read(1 << 26):
                 pass
 
 
+def mergekit_python(args) -> Path | None:
+    if args.no_mergekit:
+        return None
+    python = Path(args.mergekit) if args.mergekit else DEFAULT_MERGEKIT_PYTHON
+    return python if (python.parent / "mergekit-yaml").is_file() else None
+
+
+# --- report ----------------------------------------------------------------------------------------------------
+
+def row(method: str, tool: str, usage: Usage, floor: Usage, note: str = "") -> str:
+    return (f"{method:17s} {tool:9s} {usage.wall_s:7.1f} {usage.cpu_s:7.1f} {usage.peak_rss / 1e9:6.2f} "
+            f"{usage.wall_s / floor.wall_s:6.2f}x {usage.cpu_s / floor.cpu_s:6.2f}x "
+            f"{usage.peak_rss / floor.peak_rss:6.2f}x  {note}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path("/tmp/alloy-bench"))
-    parser.add_argument("--strategies", default="ties,dare,slerp,task_arithmetic")
-    parser.add_argument("--mergekit", help="path to a mergekit-yaml executable (separate environment)")
-    parser.add_argument("--keep-models", action="store_true", help="keep the built models for another run")
-    parser.add_argument("--child", choices=["baseline", "alloy"], help=argparse.SUPPRESS)
-    parser.add_argument("--strategy", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--compare-with", help=argparse.SUPPRESS)
+    parser.add_argument("--root", type=Path, default=Path("/tmp/alloy-merge-bench"))
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--intermediate", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=16000)
+    parser.add_argument("--tunes", type=int, default=3, help="fine-tuned models besides the base")
+    parser.add_argument("--shard-mb", type=int, default=200)
+    parser.add_argument("--methods", default="ties,dare_ties,slerp,della,breadcrumbs_ties")
+    parser.add_argument("--mergekit", help="mergekit's Python (its mergekit-yaml sits beside it)")
+    parser.add_argument("--no-mergekit", action="store_true")
+    parser.add_argument("--keep-models", action="store_true")
     args = parser.parse_args()
-    if args.child:
-        child(args.child, args.strategy, args.root, args.out, args.compare_with)
-        return
 
-    args.root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            f"import merge_bench; merge_bench.build_models(__import__('pathlib').Path({str(args.root)!r}))",
-        ],
-        check=True,
-    )
-    size = sum(p.stat().st_size for p in args.root.glob("*/model.safetensors")) / 3
-    print(
-        f"models: 3 x {size / 1e9:.2f} GB fp32 (hidden {HIDDEN}, {LAYERS} layers, vocab {VOCAB}), "
-        f"built/found in {time.perf_counter() - started:.0f}s; {os.cpu_count()} CPUs"
-    )
-    warm_page_cache(args.root)
-
-    rows = []
-    if args.mergekit and "ties" in args.strategies.split(","):
-        mk_out = args.root / "out-mergekit"
-        shutil.rmtree(mk_out, ignore_errors=True)
-        rows.append(("ties", "mergekit", run_mergekit(args.mergekit, args.root, mk_out)))
-    for strategy in args.strategies.split(","):
-        baseline_out, alloy_out = args.root / f"out-{strategy}-baseline", args.root / f"out-{strategy}-alloy"
-        for folder in (baseline_out, alloy_out):
-            shutil.rmtree(folder, ignore_errors=True)
-        baseline = run_child("baseline", strategy, args.root, baseline_out)
-        alloy = run_child(
-            "alloy", strategy, args.root, alloy_out, compare_with=baseline_out if strategy in DETERMINISTIC else None
-        )
-        rows += [(strategy, "baseline", baseline), (strategy, "alloy", alloy)]
-        if strategy == "ties" and args.mergekit:
-            alloy["vs_mergekit"] = max_abs_diff(alloy_out, args.root / "out-mergekit")
-        print_row(strategy, baseline, alloy)
-        shutil.rmtree(baseline_out, ignore_errors=True)
-        shutil.rmtree(alloy_out, ignore_errors=True)
-    for _strategy, kind, result in rows:
-        if kind == "mergekit":
-            print(f"mergekit-yaml ties: wall {result['wall_s']:.1f}s, peak RSS {result['peak_rss'] / 1e9:.2f} GB")
-    shutil.rmtree(args.root / "out-mergekit", ignore_errors=True)
+    args.root.mkdir(parents=True, exist_ok=True)
+    folders = build_models(args.root, args)
+    size = sum(s.stat().st_size for s in folders[0].glob("*.safetensors"))
+    shards = len(list(folders[0].glob("*.safetensors")))
+    python = mergekit_python(args)
+    load = os.getloadavg()
+    print(f"models: base + {args.tunes} tunes, {size / 1e9:.2f} GB fp32 each in {shards} shards "
+          f"(hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}); built/found in "
+          f"{time.perf_counter() - started:.0f}s; {os.cpu_count()} CPUs, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+          f"mergekit: {python or 'not run'}", flush=True)
+    print(f"{'method':17s} {'tool':9s} {'wall s':>7s} {'cpu s':>7s} {'RSS GB':>6s} {'wall/floor':>7s} "
+          f"{'cpu/floor':>7s} {'RSS/floor':>7s}", flush=True)
+    floors: dict[tuple[str, str], Usage] = {}
+    for method in args.methods.split(","):
+        scope = METHODS[method][0]
+        for tool in ("alloy", "mergekit") if python else ("alloy",):
+            if (scope, tool) not in floors:
+                floor_config = args.root / f"floor-{scope}.yml"
+                floor_yaml = recipe_yaml("task_arithmetic", folders if scope == "all" else folders[:2])
+                floor_config.write_text(floor_yaml)
+                floors[(scope, tool)] = run_one(tool, python, floor_config, args.root, folders)
+                floor = floors[(scope, tool)]
+                print(row(f"floor:{scope}", tool, floor, floor), flush=True)
+        config = args.root / f"{method}.yml"
+        config.write_text(recipe_yaml(method, folders))
+        outputs = {}
+        for tool in ("alloy", "mergekit") if python else ("alloy",):
+            out = args.root / f"out-{method}-{tool}"
+            shutil.rmtree(out, ignore_errors=True)
+            warm_page_cache(folders)
+            usage = run_alloy(config, out) if tool == "alloy" else run_mergekit(python, config, out)
+            outputs[tool] = out
+            note = ""
+            if tool == "mergekit":
+                alloy_usage = outputs["alloy_usage"]
+                note = f"alloy/mergekit wall {alloy_usage.wall_s / usage.wall_s:.2f}x RSS {alloy_usage.peak_rss / usage.peak_rss:.2f}x"
+                if method not in RANDOM:
+                    note += f", max|alloy-mergekit| {max_abs_diff(outputs['alloy'], out):.1e}"
+            outputs["alloy_usage" if tool == "alloy" else "mergekit_usage"] = usage
+            print(row(method, tool, usage, floors[(scope, tool)], note), flush=True)
+        for key in ("alloy", "mergekit"):
+            if key in outputs:
+                shutil.rmtree(outputs[key], ignore_errors=True)
+    load = os.getloadavg()
+    print(f"done in {time.perf_counter() - started:.0f}s; load at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if not args.keep_models:
         shutil.rmtree(args.root, ignore_errors=True)
 
 
-def print_row(strategy: str, baseline: dict, alloy: dict) -> None:
-    line = (
-        f"{strategy:16s} baseline {baseline['wall_s']:6.1f}s {baseline['peak_rss'] / 1e9:5.2f} GB | "
-        f"alloy {alloy['wall_s']:6.1f}s {alloy['peak_rss'] / 1e9:5.2f} GB | "
-        f"ratio wall {alloy['wall_s'] / baseline['wall_s']:.2f}x RSS {alloy['peak_rss'] / baseline['peak_rss']:.2f}x"
-    )
-    if "max_abs_diff" in alloy:
-        line += f" | max|alloy-baseline| {alloy['max_abs_diff']:.2e}"
-    if "vs_mergekit" in alloy:
-        line += f" | max|alloy-mergekit| {alloy['vs_mergekit']:.2e}"
-    print(line, flush=True)
+def run_one(tool: str, python: Path | None, config: Path, root: Path, folders: list[Path]) -> Usage:
+    out = root / f"out-floor-{tool}"
+    shutil.rmtree(out, ignore_errors=True)
+    warm_page_cache(folders)
+    usage = run_alloy(config, out) if tool == "alloy" else run_mergekit(python, config, out)
+    shutil.rmtree(out, ignore_errors=True)
+    return usage
 
 
 if __name__ == "__main__":

@@ -22,9 +22,15 @@ class ArtifactStoreDeployment:
     def list(self, prefix: str = ""):
         return self.store.list(prefix)
 
-    def iter_bytes(self, key: str):
-        """Generator method: call with ``handle.options(stream=True)``."""
-        yield from self.store.iter_bytes(key)
+    def iter_bytes(self, key: str, start: int = 0):
+        """Generator method: call with ``handle.options(stream=True)``. ``start``: resume a download (HTTP Range)."""
+        if not start:
+            yield from self.store.iter_bytes(key)
+            return
+        with self.store.open(key) as handle:
+            handle.seek(start)
+            while chunk := handle.read(self.store.chunk_bytes):
+                yield chunk
 
     def health(self) -> dict[str, Any]:
         self.store.exists("__health__")

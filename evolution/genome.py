@@ -20,7 +20,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kernels.registry import get_strategy
 
 Genome = dict[str, float]
 
@@ -282,21 +281,28 @@ class GenomeSpace(BaseModel):
 
 def _check_against_strategy(space: GenomeSpace) -> None:
     """Every searched parameter must be one the strategy declares, in its scope and inside its legal range, so a
-    decoded genome is always a valid recipe (the search never wastes candidates on refused recipes)."""
-    strategy = get_strategy(space.strategy)  # UnknownStrategyError (a ValueError) for an unknown name
-    for scope, parameters in (("per_model", space.per_model), ("global", space.global_parameters)):
-        for name, bounds in parameters.items():
-            spec = strategy.param(name)  # InvalidParameterError (a ValueError) for an unknown name
-            if spec.type is not float:
-                raise ValueError(f"{name} is not a real-valued parameter of {space.strategy}; put it in 'fixed'")
-            if spec.scope != scope and not (scope == "global" and spec.scope == "per_model"):
-                raise ValueError(f"{name} is a {spec.scope} parameter of {space.strategy}, not {scope}")
-            if (spec.minimum is not None and bounds.low < spec.minimum) or (
-                spec.maximum is not None and bounds.high > spec.maximum
-            ):
-                raise ValueError(f"bounds of {name} leave its legal range [{spec.minimum}, {spec.maximum}]")
+    decoded genome is always a valid recipe (the search never wastes candidates on refused recipes). Checked by
+    validating the recipes at both corners of the search box: the recipe validator is the one source of truth."""
+    from alloy.errors import AlloyError
+    from alloy.merge.recipe import MergeRecipe, validate_recipe
+
     if space.franken is not None and space.strategy != "franken_merge":
         raise ValueError("a layer-order genome needs strategy franken_merge")
+    for corner in ("low", "high"):
+        per_model = {name: getattr(bounds, corner) for name, bounds in space.per_model.items()}
+        recipe: dict[str, Any] = {
+            "strategy": space.strategy,
+            "models": [{"model": m, "parameters": per_model} for m in space.models],
+            "parameters": {**space.fixed, **{name: getattr(b, corner) for name, b in space.global_parameters.items()}},
+        }
+        if space.base_model is not None:
+            recipe["base_model"] = space.base_model
+        if space.franken is not None:
+            recipe["slices"] = [{"model": m, "layer_range": [0, 1]} for m in space.models]
+        try:
+            validate_recipe(MergeRecipe.model_validate(recipe))
+        except AlloyError as exc:
+            raise ValueError(f"the search space can decode to a refused recipe: {exc.message}") from None
 
 
 def _gene_name(parameter: str, model_index: int | None, group: int | None) -> str:

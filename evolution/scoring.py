@@ -7,6 +7,7 @@ store access. The evaluator's model skeleton is loaded from ``model_dir`` (a loc
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -84,3 +85,54 @@ def cached_scorer(spec: ScorerSpec, data) -> CandidateScorer:
         if scorer is None:
             scorer = _SCORERS[key] = CandidateScorer(spec, data)
         return scorer
+
+
+# --- one fitness per genome ------------------------------------------------------------------------------------
+
+def genome_key(space, genome: Mapping[str, float]) -> str:
+    """A genome's identity: the recipe it decodes to, as canonical JSON. Two genomes that merge the same recipe
+    (genes equal to the decoder's 6 decimals, or franken genes flooring to the same slices) are one genome."""
+    return json.dumps(space.decode_dict(dict(genome)), sort_keys=True, separators=(",", ":"))
+
+
+class FitnessRecord(BaseModel):
+    """The fitness a genome scored, and the candidate that scored it (what a repeat reports instead)."""
+
+    candidate_id: str
+    fitness: float
+
+
+class FitnessLedger:
+    """Every genome the search has handed out or scored, keyed by :func:`genome_key`. Kept by the driver-side
+    search objects (PBT scheduler, CMA-ES limiter), which see every genome before a trial runs it and every
+    result after: they hand out only unseen genomes and tell a trial that must repeat one the fitness it
+    scored (config ``cached``), so a repeat is never scored or recorded twice. Plain data: Tune pickles it."""
+
+    def __init__(self, space):
+        self.space = space
+        self.planned: set[str] = set()
+        self.records: dict[str, FitnessRecord] = {}
+
+    def key(self, genome: Mapping[str, float]) -> str:
+        return genome_key(self.space, genome)
+
+    def claim(self, genome: Mapping[str, float]) -> bool:
+        """True (and remembered) when the genome is new; False when it was handed out or scored before."""
+        key = self.key(genome)
+        if key in self.planned or key in self.records:
+            return False
+        self.planned.add(key)
+        return True
+
+    def lookup(self, genome: Mapping[str, float]) -> FitnessRecord | None:
+        return self.records.get(self.key(genome))
+
+    def record(self, genome: Mapping[str, float], candidate_id: str, fitness: float) -> None:
+        key = self.key(genome)
+        self.planned.discard(key)
+        self.records.setdefault(key, FitnessRecord(candidate_id=candidate_id, fitness=fitness))
+
+    def record_result(self, result: Mapping[str, Any]) -> None:
+        """Remember a trial's reported candidate (results of repeats carry no ``candidate_id``)."""
+        if result.get("candidate_id") and result.get("genome_json"):
+            self.record(json.loads(result["genome_json"]), result["candidate_id"], float(result["fitness"]))

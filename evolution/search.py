@@ -7,10 +7,13 @@ callbacks in the experiment folder so that ``Tuner.restore`` can continue a run 
 
 from __future__ import annotations
 
+import copy
+import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ray import tune
@@ -19,8 +22,9 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.stopper import Stopper
 
 from evolution.config import SearchSettings
-from evolution.genome import GenomeSpace
-from evolution.trainable import GENOME_KEY, LINEAGE_KEY, ORDINAL_KEY
+from evolution.genome import Genome, GenomeSpace
+from evolution.scoring import FitnessLedger
+from evolution.trainable import CACHED_KEY, GENOME_KEY, LINEAGE_KEY, ORDINAL_KEY
 
 METRIC = "fitness"
 MODE = "max"
@@ -38,8 +42,31 @@ class GenomeExplorer:
 
     def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
         config = dict(config)
-        config[GENOME_KEY] = self.space.perturb(config[GENOME_KEY], self.rng, self.sigma, self.resample_probability)
+        config[GENOME_KEY] = self.perturb(config[GENOME_KEY])
         return config
+
+    def perturb(self, genome: Genome) -> Genome:
+        return self.space.perturb(genome, self.rng, self.sigma, self.resample_probability)
+
+
+# A fresh genome is drawn this many times before a repeat is accepted (then reported from the ledger, unscored):
+# only a tiny discrete space (a few franken slots, every gene clipped at a bound) runs out of fresh neighbours.
+FRESH_TRIES = 32
+
+
+@contextmanager
+def _seeded_pbt_random(rng: random.Random) -> Iterator[None]:
+    """Ray's PBT draws its donors (and its built-in explore) from Python's global ``random``, which nothing
+    seeds: for the length of one scheduler call, its module sees this scheduler's own seeded generator instead.
+    The scheduler runs on the driver's one control thread, so no other user of ``random`` sees the swap."""
+    from ray.tune.schedulers import pbt
+
+    saved = pbt.random
+    pbt.random = rng
+    try:
+        yield
+    finally:
+        pbt.random = saved
 
 
 class GenomePBT(PopulationBasedTraining):
@@ -50,9 +77,37 @@ class GenomePBT(PopulationBasedTraining):
     Its clock is the candidate's ``generation`` (``time_attr``), not Tune's ``training_iteration``: a restored trial
     re-runs the generation of its checkpoint and an exploited one continues its donor's generation, so iteration
     counts drift apart between trials while generations stay comparable. ``on_trial_result`` also keeps the
-    synchronous rounds sound after ``Tuner.restore``."""
+    synchronous rounds sound after ``Tuner.restore``.
+
+    Every candidate is a new genome (given ``space``): a genome does not train, so PBT's "continue" would only
+    score the same genome again. In each synchronous round every trial that is not exploited takes a mutation
+    step from the genome it just scored, an exploited one perturbs its donor's last scored genome (the donor's
+    config may already hold the donor's next step), and both draw until the genome is one the run has never
+    handed out (:class:`FitnessLedger`). Donors are drawn from the scheduler's own generator seeded by ``seed``
+    (Ray's PBT uses the unseeded global ``random``), so one seed gives one run."""
+
+    def __init__(self, *, space: GenomeSpace | None = None, explorer: GenomeExplorer | None = None, seed: int = 0,
+                 **kwargs):
+        if explorer is not None:
+            kwargs.setdefault("custom_explore_fn", explorer)
+        super().__init__(**kwargs)
+        self._explorer = explorer
+        self._ledger = FitnessLedger(space) if space is not None else None
+        self._rng = random.Random(f"pbt-donors:{seed}")
+        self._exploited: set[str] = set()  # trial ids exploited in the current round
+
+    def on_trial_add(self, tune_controller, trial):
+        super().on_trial_add(tune_controller, trial)
+        if self._ledger is not None:
+            self._ledger.claim(trial.config[GENOME_KEY])  # the initial population is handed out
 
     def on_trial_result(self, tune_controller, trial, result):
+        if self._ledger is not None:
+            self._ledger.record_result(result)
+        with _seeded_pbt_random(self._rng):
+            return self._on_trial_result(tune_controller, trial, result)
+
+    def _on_trial_result(self, tune_controller, trial, result):
         if self._synch and self._time_attr in result and self._metric in result:
             # Tuner.restore brings the trials back at different generations (each from its own last checkpoint).
             # A round among trials at different generations would hand a laggard a donor's later generation, and
@@ -80,15 +135,51 @@ class GenomePBT(PopulationBasedTraining):
             self._next_perturbation_sync = max(self._next_perturbation_sync, newest + self._perturbation_interval)
         return decision
 
+    def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile):
+        super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)
+        if self._ledger is None:
+            return
+        if trial.trial_id in self._exploited:
+            self._exploited.discard(trial.trial_id)
+            return
+        # Not exploited (top, middle, or a bottom trial whose donor had no checkpoint): a step of its own.
+        scored = self._scored_genome(self._trial_state[trial].last_result, trial.config)
+        config = copy.deepcopy(trial.config)
+        config[GENOME_KEY], config[CACHED_KEY] = self._fresh(scored)
+        trial.set_config(config)
+
     def _get_new_config(self, trial, trial_to_clone):
-        new_config, operations = super()._get_new_config(trial, trial_to_clone)
         donor_result = self._trial_state[trial_to_clone].last_result or {}
+        if self._ledger is None:
+            new_config, operations = super()._get_new_config(trial, trial_to_clone)
+        else:
+            self._exploited.add(trial.trial_id)
+            new_config, operations = copy.deepcopy(trial_to_clone.config), {}
+            scored = self._scored_genome(donor_result, trial_to_clone.config)
+            new_config[GENOME_KEY], new_config[CACHED_KEY] = self._fresh(scored)
         new_config[LINEAGE_KEY] = {
             "trial_id": trial_to_clone.trial_id,
-            "candidate_id": donor_result.get("candidate_id"),
+            "candidate_id": donor_result.get("candidate_id") or donor_result.get("repeat_of"),
             "generation": int(donor_result.get("generation", 0)),
         }
         return new_config, operations
+
+    @staticmethod
+    def _scored_genome(result: dict[str, Any] | None, config: dict[str, Any]) -> Genome:
+        """The genome behind a trial's last result (its config may already name its next one)."""
+        if result and result.get("genome_json"):
+            return json.loads(result["genome_json"])
+        return dict(config[GENOME_KEY])
+
+    def _fresh(self, genome: Genome) -> tuple[Genome, dict[str, Any] | None]:
+        """A mutation of ``genome`` never handed out before, and ``None``; or, when :data:`FRESH_TRIES` draws
+        found none, the last draw and what the ledger knows of it (the trial then reports that, unscored)."""
+        for _ in range(FRESH_TRIES):
+            child = self._explorer.perturb(genome)
+            if self._ledger.claim(child):
+                return child, None
+        known = self._ledger.lookup(child)
+        return child, known.model_dump() if known is not None else None
 
 
 # Cancellation flags of the runs in this process (not pickled: a restored run registers its own).
@@ -164,10 +255,11 @@ def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tun
     """The TuneConfig and param space of one search kind."""
     if settings.kind == "pbt":
         scheduler = GenomePBT(
+            space=space, seed=settings.seed,
+            explorer=GenomeExplorer(space, settings.sigma, settings.resample_probability, settings.seed),
             time_attr="generation",  # see GenomePBT
             perturbation_interval=1,  # one exploit/explore round per generation
             quantile_fraction=settings.quantile_fraction,
-            custom_explore_fn=GenomeExplorer(space, settings.sigma, settings.resample_probability, settings.seed),
             synch=True,  # every candidate of a generation is ranked on the same dev batch
         )
         population = initial_population(space, settings)
@@ -186,16 +278,30 @@ def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tun
 
 class OrdinalLimiter(ConcurrencyLimiter):
     """Numbers the suggested candidates (config ``ordinal``): CMA-ES generation = ordinal // population, so the
-    candidates of one CMA-ES generation are scored on the same rotating dev batch."""
+    candidates of one CMA-ES generation are scored on the same rotating dev batch. With ``space``, a suggested
+    genome the run already scored is not scored again: its trial is told the recorded fitness (config
+    ``cached``) and reports it without becoming a candidate."""
 
     _next_ordinal = 0
+
+    def __init__(self, searcher, max_concurrent: int, batch: bool = False, space: GenomeSpace | None = None):
+        super().__init__(searcher, max_concurrent=max_concurrent, batch=batch)
+        self.ledger = FitnessLedger(space) if space is not None else None
 
     def suggest(self, trial_id):
         config = super().suggest(trial_id)
         if isinstance(config, dict):
             config = {**config, ORDINAL_KEY: self._next_ordinal}
             self._next_ordinal += 1
+            if self.ledger is not None and not self.ledger.claim(config[GENOME_KEY]):
+                known = self.ledger.lookup(config[GENOME_KEY])
+                config[CACHED_KEY] = known.model_dump() if known is not None else None
         return config
+
+    def on_trial_complete(self, trial_id, result=None, error=False):
+        if self.ledger is not None and result:
+            self.ledger.record_result(result)
+        return super().on_trial_complete(trial_id, result=result, error=error)
 
 
 def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.TuneConfig:
@@ -219,15 +325,13 @@ def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.Tun
         warn_independent_sampling=False,
     )
     searcher = OptunaSearch(space=distributions, sampler=sampler, metric=METRIC, mode=MODE, seed=settings.seed)
-    # CMA-ES asks a generation at a time; never more candidates in flight than one generation.
-    limited = OrdinalLimiter(
-        searcher, max_concurrent=min(settings.population, settings.max_concurrent_trials or settings.population)
-    )
+    # CMA-ES asks a generation at a time; never more candidates in flight than one generation. ``batch``: the
+    # next candidates are asked only once every one in flight is told, so what CMA-ES has been told when it
+    # asks (hence what it asks) never depends on which trial finished first: one seed gives one run.
+    limited = OrdinalLimiter(searcher, max_concurrent=min(settings.population,
+                                                          settings.max_concurrent_trials or settings.population),
+                             batch=True, space=space)
     return tune.TuneConfig(
-        metric=METRIC,
-        mode=MODE,
-        search_alg=limited,
-        num_samples=settings.population * settings.generations,
-        time_budget_s=settings.time_budget_s,
-        reuse_actors=True,
+        metric=METRIC, mode=MODE, search_alg=limited, num_samples=settings.population * settings.generations,
+        time_budget_s=settings.time_budget_s, reuse_actors=True,
     )

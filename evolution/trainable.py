@@ -11,6 +11,11 @@ config too (``lineage``, stamped by :class:`evolution.search.GenomePBT` from the
 recipient never needs the donor's checkpoint files to know what to evaluate next. The checkpoint is only used
 when a trial resumes its *own* progress (``Tuner.restore`` after a forced shutdown). Tune itself still refuses to
 restore from a deleted checkpoint, so the runner also keeps every checkpoint (they are a few hundred bytes).
+
+A genome is scored once per run. The driver's search objects hand trials unseen genomes (see
+:class:`evolution.scoring.FitnessLedger`); a trial told that its genome was scored already (config ``cached``:
+the candidate and its fitness) reports that fitness with ``repeat_of`` instead of ``candidate_id``: PBT can
+still rank it, and it is no new candidate. A trial that runs on in one call steps its genome itself.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from pydantic import BaseModel, Field
 from alloy.merge.executor import merge_state_dicts
 from evolution.genome import Genome, GenomeSpace
 from evolution.parents import ParentArrays, as_tensors
-from evolution.scoring import ScorerSpec, cached_scorer
+from evolution.scoring import FitnessRecord, ScorerSpec, cached_scorer, genome_key
 
 GENOME_KEY = "genome"
 LINEAGE_KEY = "lineage"
 ORDINAL_KEY = "ordinal"
+CACHED_KEY = "cached"  # the FitnessRecord of a genome the run already scored, set by the driver
+STEP_SIGMA = 0.1  # a trial's own step when it runs on in one call (SearchSettings.sigma's default)
 STATE_FILE = "genome.json"
 
 
@@ -60,7 +67,20 @@ class CandidateState(BaseModel):
     genome: Genome | None = None
     parent_candidate: str | None = None
     incarnation: str = ""
+    rerun: bool = False  # run ``genome`` (the checkpoint's own) again: see _resume_state
 
+
+def seed_sources(seed: int, generation: int) -> None:
+    """Seed Python's, numpy's and torch's global generators for one generation of a trial. The merge itself draws
+    from per-tensor generators seeded by the recipe; this keeps anything else that draws (a scorer, a library)
+    the same from run to run."""
+    import numpy
+    import torch
+
+    value = (seed * 1_000_003 + generation) % (1 << 32)
+    random.seed(value)
+    numpy.random.seed(value)
+    torch.manual_seed(value)
 
 def rotating_batch(generation: int, size: int, batch_size: int | None, seed: int) -> list[int] | None:
     """The dev examples scored at ``generation`` (1-based): a fixed seeded permutation cut into consecutive
@@ -100,9 +120,8 @@ def _resume_state(trial_id: str, config: dict[str, Any], incarnation: str) -> Ca
         # forced shutdown the folder the snapshot names may hold a generation whose result the killed driver
         # never processed (never recorded). Re-running it records it; when it was recorded, the rerun
         # (deterministic: same genome, same batch, seeded merge) replaces the record with the same values.
-        return CandidateState(
-            trial_id=trial_id, candidate_id=own.parent_candidate, generation=own.generation - 1, genome=own.genome
-        )
+        return CandidateState(trial_id=trial_id, candidate_id=own.parent_candidate,
+                              generation=own.generation - 1, genome=own.genome, rerun=True)
     return own
 
 
@@ -123,12 +142,13 @@ def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any
     torch.set_num_threads(setup.torch_threads)
     trial_id = tune.get_context().get_trial_id()
     space = setup.space
-    genome = space.validate_genome(config[GENOME_KEY])
     state = _resume_state(trial_id, config, setup.incarnation)
+    # A rerun repeats the checkpoint's own genome; otherwise the config names the genome to run next.
+    genome = space.validate_genome(state.genome if state.rerun and state.genome else config[GENOME_KEY])
+    known = config.get(CACHED_KEY) if not state.rerun else None
+    known = FitnessRecord.model_validate(known) if known else None
     scorer = cached_scorer(setup.scorer, data)
     tensors = as_tensors(parents)
-    recipe = space.decode(genome)
-    recipe_dict = recipe.model_dump(mode="json", exclude_none=True)
 
     generation = state.generation
     parent_candidate = state.candidate_id
@@ -136,40 +156,76 @@ def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any
         generation = int(config.get(ORDINAL_KEY, 0)) // setup.ordinal_generations
     while generation < setup.generations:
         generation += 1
-        started = time.perf_counter()
-        merged = merge_state_dicts(recipe, tensors, device=setup.device)
-        merged_at = time.perf_counter()
-        batch = rotating_batches(generation, scorer.sizes, setup.dev_batch_size, setup.batch_seed)
-        metrics = scorer.score(merged, batch_indices=batch)
-        scored_at = time.perf_counter()
-        del merged
-        candidate_id = f"{trial_id}-g{generation:03d}"
-        result = {
-            "fitness": metrics["fitness"],
-            "generation": generation,
-            "candidate_id": candidate_id,
-            "parent_candidate": parent_candidate or "",
-            "genome_json": json.dumps(genome, sort_keys=True),
-            "recipe_json": json.dumps(recipe_dict, sort_keys=True),
-            "metrics_json": json.dumps(metrics, sort_keys=True),
-            "batch_examples": _examples(batch, scorer.sizes),
-            "merge_s": merged_at - started,
-            "score_s": scored_at - merged_at,
-        }
-        _report(
-            result,
-            CandidateState(
-                trial_id=trial_id,
-                candidate_id=candidate_id,
-                generation=generation,
-                genome=genome,
-                parent_candidate=parent_candidate,
-                incarnation=setup.incarnation,
-            ),
-        )
+        seed_sources(setup.batch_seed, generation)
+        if known is not None:
+            result = _repeat_result(known, genome, generation, parent_candidate)
+            candidate_id = known.candidate_id
+        else:
+            result = _score(space, genome, tensors, scorer, setup, generation, parent_candidate, trial_id)
+            candidate_id = result["candidate_id"]
+        _report(result, CandidateState(trial_id=trial_id, candidate_id=candidate_id, generation=generation,
+                                       genome=genome, parent_candidate=parent_candidate,
+                                       incarnation=setup.incarnation))
         parent_candidate = candidate_id
         if setup.ordinal_generations:
             return
+        # Still running in this call: PBT pauses every trial after each generation and restarts it with its next
+        # genome, except a laggard after Tuner.restore (GenomePBT lets it run on to the leaders' generation). Its
+        # config still names the genome just run, so it takes its mutation step here, seeded by the run's seed,
+        # the generation and the genome (a restored run is not bit-for-bit the uninterrupted one anyway).
+        genome, known = _step(space, genome, setup.batch_seed, generation), None
+
+
+def _step(space: GenomeSpace, genome: Genome, seed: int, generation: int) -> Genome:
+    """A mutation of ``genome`` (the search's default step) that is not ``genome`` itself."""
+    rng = random.Random(f"step:{seed}:{generation}:{genome_key(space, genome)}")
+    for _ in range(32):
+        child = space.perturb(genome, rng, sigma=STEP_SIGMA, resample_probability=0.0)
+        if genome_key(space, child) != genome_key(space, genome):
+            return child
+    return space.sample(rng)
+
+
+def _score(space: GenomeSpace, genome: Genome, tensors, scorer, setup: TrialSetup, generation: int,
+           parent_candidate: str | None, trial_id: str) -> dict[str, Any]:
+    """Merge and score one candidate; its result row."""
+    from alloy.merge.executor import merge_state_dicts
+
+    recipe = space.decode(genome)
+    started = time.perf_counter()
+    merged = merge_state_dicts(recipe, tensors, device=setup.device)
+    merged_at = time.perf_counter()
+    batch = rotating_batches(generation, scorer.sizes, setup.dev_batch_size, setup.batch_seed)
+    metrics = scorer.score(merged, batch_indices=batch)
+    scored_at = time.perf_counter()
+    del merged
+    return {
+        "fitness": metrics["fitness"],
+        "generation": generation,
+        "candidate_id": f"{trial_id}-g{generation:03d}",
+        "parent_candidate": parent_candidate or "",
+        "genome_json": json.dumps(genome, sort_keys=True),
+        "recipe_json": json.dumps(recipe.model_dump(mode="json", exclude_none=True), sort_keys=True),
+        "metrics_json": json.dumps(metrics, sort_keys=True),
+        "batch_examples": _examples(batch, scorer.sizes),
+        "merge_s": merged_at - started,
+        "score_s": scored_at - merged_at,
+    }
+
+
+def _repeat_result(known: FitnessRecord, genome: Genome, generation: int,
+                   parent_candidate: str | None) -> dict[str, Any]:
+    """The result of a genome the run already scored: its recorded fitness, and no ``candidate_id`` (the
+    candidate callback records only rows that have one)."""
+    return {
+        "fitness": known.fitness,
+        "generation": generation,
+        "repeat_of": known.candidate_id,
+        "parent_candidate": parent_candidate or "",
+        "genome_json": json.dumps(genome, sort_keys=True),
+        "merge_s": 0.0,
+        "score_s": 0.0,
+    }
 
 
 def _examples(batch: dict[str, list[int] | None] | None, sizes: dict[str, int]) -> int:

@@ -1,8 +1,16 @@
-"""Pure tensor maths of Alloy's merge strategies: torch only, no Ray, no I/O, no pydantic.
+"""Pure tensor maths of Alloy's merges: torch only, no Ray, no I/O, no pydantic.
 
-One module per strategy (:mod:`kernels.slerp`, :mod:`kernels.linear`, :mod:`kernels.task_arithmetic`,
-:mod:`kernels.ties`, :mod:`kernels.dare`, :mod:`kernels.franken`); :mod:`kernels.registry` declares them and their
-parameters. Every kernel computes in float32 and never modifies its inputs.
+:data:`kernels.registry.METHODS` declares every mergekit 0.1.5 merge method under its mergekit name (parameters,
+defaults, scopes, input counts, the HTTP strategy family it belongs to) with its per-tensor kernel:
+:mod:`kernels.linear`, :mod:`kernels.slerp`, :mod:`kernels.nuslerp`, :mod:`kernels.multislerp`,
+:mod:`kernels.karcher`, :mod:`kernels.model_stock`, :mod:`kernels.nearswap`, :mod:`kernels.arcee_fusion`,
+:mod:`kernels.sce`, :mod:`kernels.ram`, :mod:`kernels.passthrough`, and :mod:`kernels.gta` (generalized task
+arithmetic: task_arithmetic, ties, dare_*, breadcrumbs*, della*), with the sparsifiers in :mod:`kernels.sparsify`.
+:func:`kernels.catalogue.method_catalogue` lists them as plain data. :mod:`kernels.franken` holds the layer-name
+rules of layer stacking.
+
+Every kernel has the signature ``merge(tensors, base_index, global_params, model_params, generator, owned=False)``,
+computes in float32 whatever the input dtype, and modifies an input only when the caller gives it up (``owned``).
 """
 
 from kernels.errors import InvalidParameterError, KernelError, UnknownStrategyError

@@ -28,15 +28,6 @@ def layer_index(tensor_name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def depth_of(tensor_name: str, num_layers: int | None) -> float:
-    index = layer_index(tensor_name)
-    if index is None or not num_layers:
-        return 0.0
-    if num_layers == 1:
-        return 1.0
-    return index / (num_layers - 1)
-
-
 def is_scalar(value: Any) -> bool:
     return isinstance(value, (bool, int, float))
 

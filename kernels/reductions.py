@@ -46,6 +46,11 @@ def stable_sum(x: torch.Tensor) -> torch.Tensor:
     return _chunked([x.reshape(-1)], lambda a: a)
 
 
+def stable_abs_sum(x: torch.Tensor) -> torch.Tensor:
+    """L1 norm of ``x`` in float64, in a fixed association order, without a full-size ``abs`` temporary."""
+    return _chunked([x.reshape(-1)], lambda a: a.abs())
+
+
 def stable_gram(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
     """``(a·a, b·b, a·b)`` in one pass over the data (each chunk converted to float64 once)."""
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)

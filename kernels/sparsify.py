@@ -1,7 +1,7 @@
 """Task-vector sparsification: exact top-k magnitude trim, rank-based stochastic pruning and random drop.
 
-Top-k uses ``torch.kthvalue`` (a selection, linear time) rather than a sort; ties at the threshold are broken by
-position so the kept count is exactly ``k = max(1, int(density * n))`` as in mergekit.
+Top-k is an exact linear-time selection (:mod:`kernels.selection`) rather than a sort; ties at the threshold are
+broken by position so the kept count is exactly ``k = max(1, int(density * n))`` as in mergekit.
 All functions return a new float32 tensor or modify a tensor the caller owns (named ``owned``).
 """
 
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from kernels import selection
 from kernels.errors import InvalidParameterError
+from kernels.reductions import stable_abs_sum
 
 RANDOM_CHUNK = 1 << 24  # elements of uniform noise drawn at a time; fixed so the draw sequence never changes
 
@@ -28,21 +30,42 @@ def top_magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
     k = keep_count(density, numel)
     if k >= numel:
         return None
-    magnitude = x.abs().reshape(-1)
-    threshold = torch.kthvalue(magnitude, numel - k + 1).values
-    mask = magnitude > threshold
-    missing = k - int(mask.sum())
-    if missing > 0:  # entries equal to the threshold: keep the first ones by position
-        tied = torch.nonzero(magnitude == threshold).squeeze(1)[:missing]
-        mask[tied] = True
-    return mask.view_as(x)
+    return top_k_mask(x, k).view_as(x)
+
+
+def _flat_float32(values: torch.Tensor) -> torch.Tensor:
+    return values.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
+
+
+def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask (flat) of the ``k`` largest magnitudes of ``values`` (callers pass magnitudes or variances,
+    which are their own magnitudes), exactly ``k`` of them: entries equal to the threshold are kept first by
+    position. (mergekit ranks with an fp32 argsort that is unstable at ties, so which of several equal entries it
+    keeps is arbitrary; ours is the first ones.)"""
+    numel = values.numel()
+    if k <= 0:
+        return torch.zeros(numel, dtype=torch.bool, device=values.device)
+    if k >= numel:
+        return torch.ones(numel, dtype=torch.bool, device=values.device)
+    flat = _flat_float32(values)
+    return selection.cut_mask(flat, selection.top_cut(flat, k)).to(values.device)
 
 
 def magnitude_trim_(owned: torch.Tensor, density: float) -> torch.Tensor:
     """TIES trim: zero all but the top ``density`` fraction by magnitude (in place)."""
-    mask = top_magnitude_mask(owned, density)
-    if mask is not None:
-        owned.mul_(mask)
+    numel = owned.numel()
+    if density >= 1 or numel == 0:
+        return owned
+    if density <= 0:
+        return owned.zero_()
+    k = keep_count(density, numel)
+    if k >= numel:
+        return owned
+    if owned.dtype != torch.float32 or owned.device.type != "cpu" or not owned.is_contiguous():
+        mask = top_k_mask(owned, k).view_as(owned)
+        return owned.masked_fill_(~mask.to(owned.device), 0.0)  # not mul_: a dropped inf must become 0, not NaN
+    flat = owned.view(-1)
+    selection.keep_cut_(flat, selection.top_cut(flat, k))
     return owned
 
 
@@ -62,7 +85,7 @@ def ranked_stochastic_prune_(owned: torch.Tensor, density: float, epsilon: float
     if numel == 0:
         return owned
     flat = owned.view(-1)
-    order = torch.argsort(flat.abs().cpu(), stable=True)
+    order = torch.argsort(selection.magnitude_keys(flat.cpu()), stable=True)  # int32 keys: the same order, faster
     ranks = torch.empty(numel, dtype=torch.float32)
     ranks[order] = torch.arange(numel, dtype=torch.float32)
     probability = ranks.mul_(2 * epsilon / max(numel - 1, 1)).add_(density - epsilon)
@@ -85,3 +108,128 @@ def random_drop_(owned: torch.Tensor, drop_rate: float, rescale: bool, generator
     if rescale and drop_rate < 1:
         owned.mul_(1.0 / (1.0 - drop_rate))
     return owned
+
+
+# --- mergekit 0.1.5 sparsifiers (used by kernels.gta) ----------------------------------------------------------
+# Each takes a task vector the caller owns, prunes it in place and, with ``rescale``, multiplies the survivors so
+# the L1 norm of the pruned vector equals the L1 norm before pruning (mergekit's RescaleNorm.l1; it is *not* a
+# division by the keep probability). Norms below RESCALE_EPS on either side skip the rescale, as in mergekit.
+
+RESCALE_EPS = 1e-7
+
+
+def _rescale_l1_(owned: torch.Tensor, l1_before: float) -> torch.Tensor:
+    l1_after = float(stable_abs_sum(owned))
+    if l1_before < RESCALE_EPS or l1_after < RESCALE_EPS:
+        return owned
+    return owned.mul_(l1_before / l1_after)
+
+
+def _l1(owned: torch.Tensor, rescale: bool) -> float:
+    return float(stable_abs_sum(owned)) if rescale else 0.0
+
+
+def magnitude_prune_(owned: torch.Tensor, density: float, rescale: bool = False) -> torch.Tensor:
+    """TIES trim: keep the ``max(1, int(density * n))`` largest magnitudes (density >= 1: untouched, no rescale;
+    density <= 0: all zero)."""
+    if density >= 1:
+        return owned
+    if density <= 0 or owned.numel() == 0:
+        return owned.zero_()
+    before = _l1(owned, rescale)
+    magnitude_trim_(owned, density)
+    return _rescale_l1_(owned, before) if rescale else owned
+
+
+def _draw_keep_(owned: torch.Tensor, probability: torch.Tensor | float, generator: torch.Generator) -> torch.Tensor:
+    """Keep entry i when the i-th uniform draw (row-major order, drawn in RANDOM_CHUNK pieces) is below its keep
+    probability; zero it otherwise."""
+    flat = owned.view(-1)
+    flat_probability = probability.reshape(-1) if isinstance(probability, torch.Tensor) else None
+    for start in range(0, flat.numel(), RANDOM_CHUNK):
+        piece = flat[start : start + RANDOM_CHUNK]
+        draws = torch.rand(piece.numel(), generator=generator).to(owned.device)
+        threshold = probability if flat_probability is None else flat_probability[start : start + piece.numel()]
+        piece.mul_(draws < threshold)
+    return owned
+
+
+def bernoulli_prune_(owned: torch.Tensor, density: float, generator: torch.Generator,
+                     rescale: bool = True) -> torch.Tensor:
+    """DARE: keep each entry with probability ``density``. density >= 1 and density <= 0 draw nothing (untouched and
+    all zero respectively), so they do not shift the draws of later models."""
+    if density >= 1:
+        return owned
+    if density <= 0:
+        return owned.zero_()
+    before = _l1(owned, rescale)
+    _draw_keep_(owned, density, generator)
+    return _rescale_l1_(owned, before) if rescale else owned
+
+
+def outlier_prune_(owned: torch.Tensor, density: float, gamma: float, rescale: bool = False) -> torch.Tensor:
+    """Model Breadcrumbs: drop the ``int(gamma * n)`` largest magnitudes, then keep the next ``int(density * n)``
+    (no minimum of one here, unlike TIES); when gamma + density > 1 fewer of the largest are dropped, so the kept
+    count is always ``int(density * n)``. Ties: of equal magnitudes, the earlier position counts as larger."""
+    if density >= 1:
+        return owned
+    numel = owned.numel()
+    target = int(density * numel)
+    n_top = int(gamma * numel)
+    n_bottom = max(0, numel - target - n_top)
+    dropped_top = max(0, numel - n_bottom - target)  # the largest entries removed
+    before = _l1(owned, rescale)
+    keep = _rank_band_mask(owned, dropped_top, dropped_top + target)
+    owned.masked_fill_(~keep.view_as(owned), 0.0)  # not mul_: a dropped inf must become 0, not NaN
+    return _rescale_l1_(owned, before) if rescale else owned
+
+
+def _rank_band_mask(values: torch.Tensor, first: int, stop: int) -> torch.Tensor:
+    """Flat mask of the entries of descending magnitude rank ``first <= r < stop`` (equal magnitudes: the earlier
+    position ranks higher)."""
+    numel = values.numel()
+    if stop <= first or first >= numel:
+        return torch.zeros(numel, dtype=torch.bool, device=values.device)
+    flat = _flat_float32(values)
+    inner = selection.top_cut(flat, first) if first > 0 else None
+    outer = selection.top_cut(flat, stop) if stop < numel else selection.Cut(-1, numel)
+    return selection.band_mask(flat, inner, outer).to(values.device)
+
+
+def della_keep_probability(owned: torch.Tensor, density: float, epsilon: float) -> torch.Tensor:
+    """DELLA's MagPrune keep probability: along each row (dim 1; a 1-D tensor is one row) the entry of ascending
+    magnitude rank r of n gets ``density - epsilon + 2 * epsilon * r / (n - 1)``. Equal magnitudes rank by position
+    (mergekit's argsort is unstable there). A row of one entry gets ``density`` (mergekit fails on it: 0/0)."""
+    rows = owned.unsqueeze(0) if owned.dim() < 2 else owned
+    # int32 bit patterns of the magnitudes: the same order as the floats, and torch sorts them ~1.4-3x faster
+    magnitude = selection.magnitude_keys(rows).movedim(1, -1)
+    length = magnitude.shape[-1]
+    order = torch.argsort(magnitude, dim=-1, stable=True)
+    del magnitude
+    ranks = torch.empty(order.shape, dtype=torch.float32, device=owned.device)
+    positions = torch.arange(length, dtype=torch.float32, device=owned.device).expand(order.shape)
+    ranks.scatter_(-1, order, positions)
+    del order, positions
+    if length > 1:
+        ranks.div_(length - 1)
+    else:
+        ranks.fill_(0.5)
+    probability = ranks.mul_(2).mul_(epsilon).add_(density - epsilon)
+    return probability.movedim(-1, 1).reshape(owned.shape)
+
+
+def della_prune_(owned: torch.Tensor, density: float, epsilon: float, generator: torch.Generator,
+                 rescale: bool = True) -> torch.Tensor:
+    """DELLA MagPrune: magnitude-ranked Bernoulli pruning (see :func:`della_keep_probability`); density >= 1 is
+    untouched and density <= 0 all zero, both without drawing. Otherwise density ± epsilon must lie strictly
+    inside (0, 1), mergekit's rule."""
+    if density >= 1:
+        return owned
+    if density <= 0:
+        return owned.zero_()
+    if density + epsilon >= 1 or density - epsilon <= 0:
+        raise InvalidParameterError(
+            "epsilon", f"density ± epsilon must lie strictly between 0 and 1 (density={density}, epsilon={epsilon})")
+    before = _l1(owned, rescale)
+    _draw_keep_(owned, della_keep_probability(owned, density, epsilon), generator)
+    return _rescale_l1_(owned, before) if rescale else owned

@@ -27,6 +27,8 @@ from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context
 from serve_app.errors import install_error_handlers
 from serve_app.metrics import ApiMetrics, MetricsMiddleware
+from serve_app.routes_events import router as events_router
+from serve_app.routes_keys import router as keys_router
 from serve_app.routes_evolutions import router as evolutions_router
 from serve_app.routes_ops import admin_router, ops_router
 from serve_app.routing import dump as _dump
@@ -66,22 +68,20 @@ def list_jobs(
     return _page(page, lambda job: s.JobView.from_record(job, ctx.url_for_job(request, job.id)))
 
 
-@jobs_router.get("/jobs/{job_id}/events", dependencies=_scope("read"), summary="History of a job")
-def job_events(job_id: str, request: Request) -> list[dict[str, Any]]:
-    return [event.model_dump(mode="json") for event in api_context(request).services.jobs.events(job_id)]
-
-
 # --- merge --------------------------------------------------------------------------------------------------
 merge_router = APIRouter(tags=["merge"])
 
 
-@merge_router.post(
-    "/merge/execute",
-    status_code=202,
-    response_model=s.JobAccepted,
-    dependencies=_scope("write"),
-    summary="Start an asynchronous merge job",
-)
+@merge_router.get("/methods", response_model=list[s.MethodView], dependencies=_scope("read"),
+                  summary="Merge methods: family, parameters, ranges and defaults")
+async def list_methods() -> list[dict[str, Any]]:
+    from alloy.merge.methods import method_catalogue
+
+    return method_catalogue()
+
+
+@merge_router.post("/merge/execute", status_code=202, response_model=s.JobAccepted, dependencies=_scope("write"),
+                   summary="Start an asynchronous merge job")
 async def execute_merge(body: s.MergeRequest, request: Request, response: Response) -> s.JobAccepted:
     ctx = api_context(request)
     ctx.require_gpu_capacity()
@@ -273,16 +273,20 @@ async def list_artifacts(request: Request, prefix: str = "") -> list[s.ArtifactV
     summary="Download an artifact (streamed)",
 )
 async def download_artifact(key: str, request: Request) -> StreamingResponse:
+    from serve_app.ranges import parse_range_start
+
     ctx = api_context(request)
     store = ctx.handle(c.ARTIFACT_STORE)
     info = await call(store, "info", key)  # NOT_FOUND before any byte is sent
-    chunks = store.options(stream=True).iter_bytes.remote(key)
+    start = parse_range_start(request.headers.get("range"), info.size)  # a resumed download: "bytes=N-"
+    chunks = store.options(stream=True).iter_bytes.remote(key, start)
     name = key.rsplit("/", 1)[-1]
-    return StreamingResponse(
-        chunks,
-        media_type="application/octet-stream",
-        headers={"Content-Length": str(info.size), "Content-Disposition": f'attachment; filename="{name}"'},
-    )
+    headers = {"Content-Length": str(info.size - start), "Accept-Ranges": "bytes",
+               "Content-Disposition": f'attachment; filename="{name}"'}
+    if start:
+        headers["Content-Range"] = f"bytes {start}-{info.size - 1}/{info.size}"
+    return StreamingResponse(chunks, status_code=206 if start else 200, media_type="application/octet-stream",
+                             headers=headers)
 
 
 @artifacts_router.get("/artifacts/{key:path}", response_model=s.ArtifactView, dependencies=_scope("read"))
@@ -322,19 +326,28 @@ ROUTERS = (ops_router, *GATED_ROUTERS)
 
 
 def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
+    from serve_app import console, docs
+
     app = FastAPI(
         title="Alloy",
         version="1.0",
+        docs_url=None,  # served offline by serve_app.docs
+        redoc_url=None,
         description="Model merge and evolution service. Every request carries an API key "
         "(`Authorization: Bearer <key>` or `X-API-Key`).",
     )
     app.state.ctx = ctx
+    app.state.public_paths = (*docs.PUBLIC_PATHS, *console.PUBLIC_PATHS)
+    docs.install_offline_docs(app)
+    console.install_console(app)  # the web console at /ui
     ctx.metrics = ctx.metrics or ApiMetrics()
     app.include_router(ops_router)  # /health and /metrics answer in every cluster state
     gated = [Depends(cluster_gate)]
     for router in GATED_ROUTERS:
         app.include_router(router, dependencies=gated)
     app.include_router(evolutions_router, dependencies=gated)
+    app.include_router(events_router, dependencies=gated)  # GET /jobs/{id}/events: history or live SSE
+    app.include_router(keys_router, dependencies=gated)  # /admin/keys
     _install_cross_cutting(app, ctx, install_security)
     return app
 

@@ -1,212 +1,31 @@
-"""Typed request and response bodies of the HTTP API (they are the OpenAPI schema at /docs)."""
+"""The HTTP API's request and response bodies. They live in :mod:`alloy.wire`, shared with the Python client
+(``alloy.client``), which must not import the server; this module keeps the server's historical import path."""
 
-from __future__ import annotations
-
-from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
-
-from pydantic import BaseModel, ConfigDict, Field
-
-from alloy.evaluation.results import EvalResult
-from alloy.ids import ResourceId
-from alloy.jobs.merge_request import EvaluateSpec, MergeRequest  # noqa: F401 - re-exported
-from alloy.jobs.store import JobKind, JobRecord, JobState
-
-T = TypeVar("T")
-
-
-class PageOf(BaseModel, Generic[T]):
-    items: list[T]
-    total: int
-    offset: int
-    limit: int
-
-
-class JobAccepted(BaseModel):
-    """Answer of a job-creating POST (202): poll ``progress_url`` until a terminal state."""
-
-    job_id: str
-    progress_url: str = Field(description="Absolute URL of GET /jobs/{job_id}")
-    status: Literal["CREATED"] = "CREATED"
-
-
-class JobErrorView(BaseModel):
-    code: str
-    message: str
-
-
-class JobView(BaseModel):
-    """Progress of a job (GET /jobs/{job_id})."""
-
-    job_id: str
-    kind: JobKind
-    state: JobState
-    percent: float = Field(0.0, ge=0, le=100)
-    stage: str | None = None
-    tensors_done: int | None = None
-    tensors_total: int | None = None
-    bytes_done: int | None = None
-    bytes_total: int | None = None
-    bytes_per_s: float | None = None
-    attempts: int = Field(0, description="How many times the job was interrupted and replayed")
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    model_id: str | None = Field(None, description="The merged model's ID (COMPLETED merges)")
-    error: JobErrorView | None = Field(None, description="Set on FAILED")
-    result: dict[str, Any] | None = None
-    progress_url: str
-
-    @classmethod
-    def from_record(cls, job: JobRecord, progress_url: str) -> JobView:
-        progress = job.progress or {}
-        percent = 100.0 if job.state is JobState.COMPLETED else float(progress.get("percent") or 0.0)
-        return cls(
-            job_id=job.id,
-            kind=job.kind,
-            state=job.state,
-            percent=min(max(percent, 0.0), 100.0),
-            stage=progress.get("stage"),
-            tensors_done=progress.get("tensors_done"),
-            tensors_total=progress.get("tensors_total"),
-            bytes_done=progress.get("bytes_done"),
-            bytes_total=progress.get("bytes_total"),
-            bytes_per_s=progress.get("bytes_per_s"),
-            attempts=job.attempts,
-            created_at=job.created_at,
-            updated_at=job.updated_at,
-            started_at=job.started_at,
-            finished_at=job.finished_at,
-            model_id=(job.result or {}).get("model_id") if job.state is JobState.COMPLETED else None,
-            error=JobErrorView(**job.error.model_dump()) if job.error else None,
-            result=job.result,
-            progress_url=progress_url,
-        )
-
-
-class ModelRegistration(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model_id: ResourceId
-    source: str = Field(min_length=1, description="Local folder under a configured model root, or an artifact key/URI")
-    lineage: dict[str, Any] | None = None
-
-
-class ModelView(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    architecture: str | None = None
-    model_type: str | None = None
-    parameter_count: int | None = None
-    num_layers: int | None = None
-    hidden_size: int | None = None
-    size_bytes: int | None = None
-    fingerprint: str | None = None
-    artifact_prefix: str | None = None
-    owner: str | None = None
-    lineage: dict[str, Any] | None = None
-    created_at: datetime | None = None
-
-
-class DatasetRegistration(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    dataset_id: ResourceId
-    source: str = Field(min_length=1, description="Local file/folder under a configured root, or an artifact key/URI")
-    splits: dict[str, Any] | None = None
-    task: dict[str, Any] | None = None
-
-
-class DatasetView(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    description: str | None = None
-    task: dict[str, Any] | None = None
-    splits: dict[str, Any] | None = None
-    row_count: int | None = None
-    artifact_prefix: str | None = None
-    owner: str | None = None
-    created_at: datetime | None = None
-
-
-class ExperimentView(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    name: str | None = None
-    kind: str | None = None
-    params: dict[str, Any] | None = None
-    owner: str | None = None
-    created_at: datetime | None = None
-
-
-class ArtifactView(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    key: str
-    uri: str | None = None
-    size: int | None = None
-    sha256: str | None = None
-    download_url: str | None = None
-
-
-class EvaluationRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    models: list[str] = Field(min_length=1, max_length=8)
-    datasets: list[str] = Field(min_length=1, max_length=16)
-    split: str = "test"
-
-
-class EvaluationResults(BaseModel):
-    """What a COMPLETED evaluation job measured: one row per (model, dataset, metric)."""
-
-    job_id: str
-    experiment_id: str | None = None
-    results: list[EvalResult]
-    duration_s: float | None = None
-
-
-class ComponentHealth(BaseModel):
-    status: Literal["healthy", "unhealthy", "absent"]
-    detail: dict[str, Any] | None = None
-
-
-class HealthView(BaseModel):
-    status: Literal["healthy", "degraded"]
-    cluster_state: str
-    config_version: int
-    profile: str
-    gpus: float
-    nodes: list[dict[str, Any]]
-    draining_nodes: list[str]
-    components: dict[str, ComponentHealth]
-
-
-class ReloadView(BaseModel):
-    config_version: int
-
-
-class DrainRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    node_id: str | None = Field(None, description="Ray node id (hex); default: the only worker node")
-    reason: str = "maintenance"
-    deadline_s: int | None = Field(None, ge=0)
-
-
-class DrainView(BaseModel):
-    node_id: str
-    accepted: bool
-    message: str | None = None
-
-
-class FlushView(BaseModel):
-    lsn: int = Field(description="Log sequence number after the flush")
-
-
-class CacheClearView(BaseModel):
-    caches: dict[str, dict[str, Any]]
+from alloy.wire import (  # noqa: F401 - re-exported
+    EvaluateSpec,
+    JobEvent,
+    JobKind,
+    JobState,
+    MergeRequest,
+    PageOf,
+    JobAccepted,
+    JobErrorView,
+    JobView,
+    ModelRegistration,
+    ModelView,
+    DatasetRegistration,
+    DatasetView,
+    ExperimentView,
+    ArtifactView,
+    EvaluationRequest,
+    EvaluationResults,
+    ComponentHealth,
+    HealthView,
+    ReloadView,
+    DrainRequest,
+    DrainView,
+    FlushView,
+    CacheClearView,
+    MethodParameterView,
+    MethodView,
+)

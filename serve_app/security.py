@@ -180,6 +180,7 @@ class SecurityMiddleware:
         self.max_body_bytes = settings.server.max_body_bytes
         self.rate_settings = settings.rate_limits
         self.public_paths = public_paths
+        self.public_prefixes = tuple(p[:-1] for p in public_paths if p.endswith("/*"))
         self.job_routes = job_routes
         self._lock = threading.Lock()
         self._store: ApiKeyStore | None = None
@@ -238,7 +239,7 @@ class SecurityMiddleware:
                 admission.error = decision.error()
             elif key is not None:
                 admission.error = AlloyError(ErrorCode.UNAUTHENTICATED, "the API key is invalid, expired or revoked")
-            elif path not in self.public_paths:
+            elif not self._public(path):
                 admission.error = AlloyError(
                     ErrorCode.UNAUTHENTICATED,
                     "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
@@ -251,9 +252,12 @@ class SecurityMiddleware:
         admission = Admission(principal=principal, headers=decision.headers())
         if not decision.allowed:
             admission.error = decision.error()
-        elif path not in self.public_paths and not principal.has_scope(scope := required_scope(method, path)):
+        elif not self._public(path) and not principal.has_scope(scope := required_scope(method, path)):
             admission.error = _forbidden(principal, scope)
         return admission
+
+    def _public(self, path: str) -> bool:
+        return path in self.public_paths or path.startswith(self.public_prefixes)
 
     def _body_length_error(self, headers: Headers) -> AlloyError | None:
         declared = headers.get("content-length")
@@ -321,8 +325,9 @@ def require_scope(scope: str) -> Callable[[Request], Principal]:
 
 # -- installation --------------------------------------------------------------------------------------------
 def default_public_paths(app: FastAPI) -> frozenset[str]:
-    """The API description and its viewers; nothing that reads or changes data."""
-    paths = {app.openapi_url, app.docs_url, app.redoc_url}
+    """The API description and its viewers; nothing that reads or changes data. Extra public paths (the offline
+    docs, the web console's assets) come from ``app.state.public_paths``; ``/prefix/*`` makes a whole folder public."""
+    paths = {app.openapi_url, app.docs_url, app.redoc_url, *getattr(app.state, "public_paths", ())}
     if app.docs_url and app.swagger_ui_oauth2_redirect_url:
         paths.add(app.swagger_ui_oauth2_redirect_url)
     return frozenset(p.rstrip("/") or "/" for p in paths if p)

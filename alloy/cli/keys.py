@@ -20,13 +20,9 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _store() -> ApiKeyStore:
-    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
-    from alloy.config import load_settings
-    from alloy.storage.db import Database
+    from alloy.cli.data import cli_settings, open_existing_database
 
-    database = Database.from_settings(load_settings())
-    database.verify_schema()  # an un-upgraded database names "alloy db upgrade"
-    return ApiKeyStore(database)
+    return ApiKeyStore(open_existing_database(cli_settings()))  # an old schema names "alloy db upgrade"
 
 
 def _fail(error: AlloyError) -> click.ClickException:

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 
 import click
 
 # command name -> "module:attribute" of a click command or group
 SUBCOMMANDS: dict[str, str] = {
     "merge": "alloy.cli.merge:merge",
+    "methods": "alloy.cli.merge:methods",
     "db": "alloy.cli.db:db",
     "zoo": "alloy.cli.zoo:zoo",
     "key": "alloy.cli.keys:key",
@@ -36,8 +39,13 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="alloy-merge")
-def cli() -> None:
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Data dir (database, artifacts) [default: $ALLOY_DATA_DIR, else data_dir of the config, "
+                   "relative to the project]")
+def cli(data_dir: Path | None) -> None:
     """Alloy: merge, evaluate and evolve transformer checkpoints."""
+    if data_dir is not None:  # every subcommand reads settings, which read ALLOY_DATA_DIR
+        os.environ["ALLOY_DATA_DIR"] = str(data_dir.resolve())
 
 
 if __name__ == "__main__":

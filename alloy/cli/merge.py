@@ -22,6 +22,22 @@ def resolve_model_path(reference: str, recipe_dir: Path) -> Path:
     )
 
 
+def resolve_adapter_path(reference: str, recipe_dir: Path) -> Path:
+    for candidate in (Path(reference).expanduser(), recipe_dir / reference):
+        if candidate.is_dir():
+            return candidate.resolve()
+    raise AlloyError(ErrorCode.MODEL_NOT_FOUND, f"adapter {reference!r} is not a local folder", {"model_id": reference})
+
+
+def resolve_source(reference: str, recipe_dir: Path):
+    """A model folder, or for ``model+adapter`` the base folder and the LoRA adapter folder."""
+    from alloy.merge.lora import LoraSource, split_reference
+
+    model, adapter = split_reference(reference)
+    base = resolve_model_path(model, recipe_dir)
+    return base if adapter is None else LoraSource(base, resolve_adapter_path(adapter, recipe_dir))
+
+
 @click.command("merge")
 @click.argument("recipe_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(path_type=Path))
@@ -60,7 +76,7 @@ def merge(
         recipe = load_recipe_yaml(recipe_file.read_text())
         if seed is not None:
             recipe = recipe.model_copy(update={"seed": seed})
-        sources = {m: resolve_model_path(m, recipe_file.parent) for m in recipe.model_ids}
+        sources = {m: resolve_source(m, recipe_file.parent) for m in recipe.model_ids}
         bar = None if quiet else tqdm(total=0, unit="B", unit_scale=True, desc="merging", file=sys.stderr)
 
         def report(progress) -> None:
@@ -85,9 +101,31 @@ def merge(
             if bar is not None:
                 bar.close()
     except AlloyError as exc:
-        raise click.ClickException(
-            f"{exc.code.value}: {exc.message}" + (f" {exc.details}" if exc.details else "")
-        ) from None
-    click.echo(
-        f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} in {result.seconds:.1f}s"
-    )
+        raise click.ClickException(f"{exc.code.value}: {exc.message}" + (f" {exc.details}" if exc.details else "")) from None
+    click.echo(f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} "
+               f"in {result.seconds:.1f}s")
+
+
+@click.command("methods")
+@click.option("--family", default=None, help="Only the variants of this strategy family")
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON")
+def methods(family: str | None, as_json: bool) -> None:
+    """Every merge method (mergekit's names) with its family, parameters, ranges and defaults."""
+    import json
+
+    from alloy.merge.methods import method_catalogue
+
+    catalogue = [m for m in method_catalogue() if family is None or m["family"] == family]
+    if as_json:
+        click.echo(json.dumps(catalogue, indent=2))
+        return
+    for method in catalogue:
+        most = "any" if method["max_models"] is None else method["max_models"]
+        click.echo(f"{method['name']}  [{method['family']}]  models {method['min_models']}..{most}, "
+                   f"base {method['base']}{', random' if method['random'] else ''}")
+        click.echo(f"    {method['description']}")
+        for p in method["parameters"]:
+            bounds = "" if p["minimum"] is None and p["maximum"] is None else \
+                f" in [{'' if p['minimum'] is None else p['minimum']}, {'' if p['maximum'] is None else p['maximum']}]"
+            default = "required" if p["required"] else f"default {p['default']}"
+            click.echo(f"    - {p['name']} ({p['type']}, {p['scope']}){bounds}, {default}")

@@ -32,6 +32,7 @@ from alloy.control.ray_head import RayHead, start_ray_head, stop_ray_head
 from alloy.control.sequences import serve_start_sequence
 from alloy.control.serve_deploy import load_serve_config
 from alloy.errors import AlloyError, ErrorCode
+from alloy.http_port import choose_http_port
 from alloy.jobs.store import JobStore
 from alloy.registry.datasets import DatasetRegistry
 from alloy.registry.models import ModelRegistry
@@ -63,6 +64,7 @@ class LocalRun:
     start: LifecycleRun
     context: StartContext
     build_config: Callable[[], ServeDeploySchema]  # with the config version as a builder arg
+    admin_key_file: Path | None = None  # where the start's admin key is kept (admin_key is set only when new)
 
     @property
     def cluster_state(self) -> ClusterStateStore:
@@ -99,7 +101,10 @@ def local_settings(config_path: str | Path | None = None) -> Settings:
     if config_path:
         os.environ["ALLOY_CONFIG"] = str(Path(config_path).resolve())
     settings = load_settings()
-    return load_settings(data_dir=str(Path(settings.data_dir).resolve()))
+    # A data dir given by the user (--data-dir, ALLOY_DATA_DIR) is relative to where they are; one from the
+    # config file is relative to the project root, as the Serve builder pins it: any folder finds the same data.
+    anchor = Path.cwd() if "ALLOY_DATA_DIR" in os.environ else PROJECT_ROOT
+    return load_settings(data_dir=str((anchor / settings.data_dir).resolve()))
 
 
 def _ray_temp_dir(data_dir: Path) -> Path:
@@ -111,22 +116,23 @@ def _ray_temp_dir(data_dir: Path) -> Path:
     return Path("/tmp") / f"alloy-ray-{hashlib.sha1(str(data_dir).encode()).hexdigest()[:10]}"
 
 
-def _demo_admin_key(db: Database, settings: Settings, data_dir: Path) -> str | None:
-    """The admin key to print: a configured one is the operator's; else the bootstrap key (first start) or the
-    demo key saved (mode 0600) by an earlier start and still valid."""
+def _demo_admin_key(db: Database, settings: Settings, data_dir: Path) -> tuple[str | None, Path | None]:
+    """(key to print, file keeping it): a configured key is the operator's (nothing printed or kept); else the
+    bootstrap key (first start), printed once and saved (mode 0600); later starts print nothing while the
+    saved key is still valid."""
     keys = ApiKeyStore(db)
     key_file = data_dir / DEMO_KEY_FILE
     fresh = keys.ensure_bootstrap_admin(settings.auth.admin_key)
     if settings.auth.admin_key:
-        return None
+        return None, None
     if fresh is None and key_file.exists() and keys.verify(key_file.read_text().strip()) is not None:
-        return key_file.read_text().strip()
+        return None, key_file
     if fresh is None:
         _, fresh = keys.create("alloy-start", ["admin"])
     key_file.parent.mkdir(parents=True, exist_ok=True)
     key_file.write_text(fresh)
     key_file.chmod(0o600)
-    return fresh
+    return fresh, key_file
 
 
 def build_and_register_demo_zoo(settings: Settings) -> dict[str, list[str]]:
@@ -150,7 +156,8 @@ def start_local(
     serve_config: str | Path | None = None,
     warm: bool = False,
     skip_dependency_checks: bool = False,
-    echo=print,
+    echo: Callable[[str], None] = print,
+    port: int | None = None,
 ) -> LocalRun:
     """Start a local Ray head and run the cold (or warm) start sequence on it; returns once READY.
 
@@ -179,16 +186,20 @@ def start_local(
     config_file = str(Path(config_path or os.environ.get("ALLOY_CONFIG") or ALLOY_CONFIG).resolve())
     context["config"] = ConfigHolder(settings, version=version, loader=lambda: local_settings(config_file))
 
+    http_port = choose_http_port(port, settings.server.port)  # a busy --port is refused before Ray starts
     echo("starting a local Ray head ...")
     head = start_ray_head(_ray_temp_dir(data_dir), num_cpus=max(8, os.cpu_count() or 1))
-    url = f"http://127.0.0.1:{head.http_port}"
+    if http_port is None:
+        echo(f"port {settings.server.port} is busy: serving on {head.http_port} this time")
+        http_port = head.http_port
+    url = f"http://127.0.0.1:{http_port}"
 
     def build_config() -> ServeDeploySchema:
         # The config version is a builder arg so that a reload (SIGHUP) changes the application's code version:
         # Serve then replaces every replica (a rolling restart), and each re-reads the configuration.
         return load_serve_config(
             serve_config or SERVE_CONFIG,
-            http_port=head.http_port,
+            http_port=http_port,
             app_args={
                 "config_path": config_file,
                 "settings": {"data_dir": str(data_dir)},
@@ -207,7 +218,7 @@ def start_local(
         )
         start = sequence.run(context)
         _write_local_state(data_dir, head, url)
-        admin_key = _demo_admin_key(context["db"], settings, data_dir)
+        admin_key, admin_key_file = _demo_admin_key(context["db"], settings, data_dir)
         registered: dict[str, list[str]] = {}
         if demo:
             echo("building and registering the demo zoo (offline, tiny models) ...")
@@ -221,6 +232,7 @@ def start_local(
             start=start,
             context=context,
             build_config=build_config,
+            admin_key_file=admin_key_file,
         )
     except BaseException:
         terminate_local(head, data_dir=data_dir)

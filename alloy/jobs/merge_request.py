@@ -8,7 +8,7 @@ incompatible shapes at once; the runner (:mod:`alloy.jobs.merge_runner`) validat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,6 +19,10 @@ from alloy.merge.executor import check_compatibility
 from alloy.merge.recipe import MergeRecipe, validate_recipe
 from alloy.model_manifest import ModelManifest
 from alloy.registry.models import ModelRegistry
+from kernels.registry import METHODS
+
+# The merge methods (mergekit names), each a variant of one strategy family: an enum in the OpenAPI schema.
+MethodName = Literal[tuple(sorted(METHODS))]  # type: ignore[valid-type]
 
 
 class EvaluateSpec(BaseModel):
@@ -46,12 +50,24 @@ class MergeRequest(BaseModel):
     )
 
     models: list[str] = Field(min_length=2, max_length=8, description="Model ids to merge (2-8)")
-    strategy: str = Field(description="slerp | ties | dare | task_arithmetic | franken_merge")
+    strategy: str = Field(
+        description="slerp | ties | dare | task_arithmetic | franken_merge (anything else: 422 INVALID_STRATEGY)"
+    )
+    variant: MethodName | None = Field(
+        None,
+        description="A merge method of the strategy's family, by its mergekit name (GET /methods lists them). "
+        "Default: the family's own method; ties with epsilon > 0 is della (DELLA's MagPrune), "
+        "dare with consensus: true is dare_ties, otherwise dare_linear",
+    )
     parameters: dict[str, Any] = Field(default_factory=dict, description="Strategy parameters (global)")
     output_model_id: ResourceId = Field(description="ID of the merged model; must be new")
     base_model: str | None = Field(None, description="Base model for task vectors (ties, dare, task_arithmetic)")
     model_parameters: dict[str, dict[str, Any]] | None = Field(None, description="Per-model parameters")
-    slices: list[dict[str, Any]] | None = Field(None, description="franken_merge: [{model, layer_range}]")
+    slices: list[dict[str, Any]] | None = Field(
+        None,
+        description="Output slices: franken_merge shorthand [{model, layer_range}], or mergekit's "
+        "[{sources: [{model, layer_range, parameters}], parameters, base_model}] for any strategy",
+    )
     dtype: str | None = Field(None, description="float32 | float16 | bfloat16")
     seed: int | None = Field(None, description="Seed for stochastic strategies (dare)")
     evaluate: EvaluateSpec | None = Field(None, description="Evaluate the merged model before COMPLETED")

@@ -93,6 +93,7 @@ class MergeJobRunner:
             lineage={
                 "job_id": run.job_id,
                 "strategy": recipe.strategy,
+                "method": recipe.variant,
                 "models": recipe.model_ids,
                 "parameters": recipe.parameters,
             },

@@ -25,8 +25,9 @@ def first_layout_mismatch(reference: Layout, other: Layout) -> dict[str, Any] | 
 
 def check_layouts(recipe: MergeRecipe, layouts: Mapping[str, Layout], *,
                   model_types: Mapping[str, Any] | None = None, hidden_sizes: Mapping[str, Any] | None = None) -> None:
-    """INCOMPATIBLE_MODELS unless the models share architecture and tensor shapes (franken_merge: architecture
-    and hidden size). ``model_types``/``hidden_sizes`` come from config.json when known."""
+    """INCOMPATIBLE_MODELS unless the models share architecture and tensor shapes (a sliced recipe: architecture
+    and hidden size here; the shapes of the tensors merged together are checked when the plan pairs them).
+    ``model_types``/``hidden_sizes`` come from config.json when known."""
     for model_id in recipe.model_ids:
         if model_id not in layouts:
             raise model_not_found(model_id)
@@ -39,11 +40,11 @@ def check_layouts(recipe: MergeRecipe, layouts: Mapping[str, Layout], *,
             raise incompatible(
                 f"{model_id!r} is a {model_types.get(model_id)} model but the base {base!r} is a {model_types.get(base)} model",
                 models=[base, model_id], architectures=[model_types.get(base), model_types.get(model_id)])
-        if recipe.strategy == "franken_merge":
+        if recipe.slices:
             sizes = hidden_sizes or {}
             if sizes.get(base) != sizes.get(model_id):
                 raise incompatible(
-                    f"franken_merge needs one hidden size: {base!r} has {sizes.get(base)}, {model_id!r} has {sizes.get(model_id)}",
+                    f"sliced merges need one hidden size: {base!r} has {sizes.get(base)}, {model_id!r} has {sizes.get(model_id)}",
                     models=[base, model_id], hidden_sizes=[sizes.get(base), sizes.get(model_id)])
             continue
         mismatch = first_layout_mismatch(layouts[base], layouts[model_id])

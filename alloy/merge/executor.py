@@ -21,10 +21,11 @@ from pydantic import BaseModel, ConfigDict
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found
 from alloy.merge.compatibility import check_compatibility, check_layouts
-from alloy.merge.output_files import copy_base_files, write_config, write_model_card
+from alloy.merge.lora import LoraSource, TensorReader, model_folder, open_readers
+from alloy.merge.output_files import copy_base_files, write_config, write_model_card, write_recipe_files
 from alloy.merge.plan import MergePlan, TensorTask, build_plan, layout_from_manifest, layout_from_state_dict
 from alloy.merge.recipe import MergeRecipe, validate_recipe
-from alloy.merge.tensor_io import PlannedTensor, SafetensorsReader, ShardedWriter
+from alloy.merge.tensor_io import PlannedTensor, ShardedWriter
 from alloy.merge.tensor_merge import compute_tensor
 from alloy.model_manifest import ModelManifest, read_manifest
 
@@ -88,7 +89,7 @@ def prepare(recipe: MergeRecipe, manifests: Mapping[str, ModelManifest]) -> Merg
 
 def execute_merge(
     recipe: MergeRecipe,
-    sources: Mapping[str, Path],
+    sources: Mapping[str, Path | LoraSource],
     out_dir: Path,
     *,
     device: str = "cpu",
@@ -99,7 +100,8 @@ def execute_merge(
     max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
     workers: int = DEFAULT_WORKERS,
 ) -> MergeResult:
-    """Merge the models in ``sources`` (model id -> local folder) into the new folder ``out_dir``."""
+    """Merge the models in ``sources`` (model id -> local folder, or base and adapter folders for a
+    ``base+adapter`` model id) into the new folder ``out_dir``."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
     if out_dir.exists():
@@ -108,16 +110,17 @@ def execute_merge(
     for model_id in recipe.model_ids:
         if model_id not in sources:
             raise model_not_found(model_id)
-    manifests = {m: read_manifest(sources[m]) for m in recipe.model_ids}
+    manifests = {m: read_manifest(model_folder(sources[m])) for m in recipe.model_ids}
     plan = prepare(recipe, manifests)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    readers = open_readers(plan.model_ids, sources, manifests)  # adapters are checked here, before any write
     staging = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:12]}"
-    staging.mkdir()
-    readers = {m: SafetensorsReader(Path(sources[m]), manifests[m]) for m in plan.model_ids}
     try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
         writer = ShardedWriter(staging, [PlannedTensor(t.output_name, t.dtype, t.shape) for t in plan.tasks],
-                               shard_bytes, metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy})
+                               shard_bytes, metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy,
+                                                   "method": plan.method.name})
         try:
             _run_tasks(plan, readers, writer, device=device, progress=progress, cancel=cancel,
                        max_in_flight=max_in_flight, max_in_flight_bytes=max_in_flight_bytes, workers=workers,
@@ -125,10 +128,11 @@ def execute_merge(
             writer.finish()
         finally:
             writer.close()
-        base_dir = Path(sources[plan.base_id])
+        base_dir = model_folder(sources[plan.base_id])
         write_config(plan, base_dir, staging)
         copy_base_files(base_dir, staging)
         write_model_card(plan, staging)
+        write_recipe_files(plan, staging)
         if out_dir.exists():
             raise AlloyError(ErrorCode.ALREADY_EXISTS, f"{out_dir} appeared during the merge", {"path": str(out_dir)})
         staging.rename(out_dir)
@@ -142,7 +146,7 @@ def execute_merge(
                        seconds=time.perf_counter() - started, manifest=read_manifest(out_dir))
 
 
-def _run_tasks(plan: MergePlan, readers: Mapping[str, SafetensorsReader], writer: ShardedWriter, *, device: str,
+def _run_tasks(plan: MergePlan, readers: Mapping[str, TensorReader], writer: ShardedWriter, *, device: str,
                progress, cancel, max_in_flight: int, max_in_flight_bytes: int, workers: int, out_dir: Path) -> None:
     """Submit tasks in plan order while fewer than ``max_in_flight`` tasks and ``max_in_flight_bytes`` input
     bytes are in flight (a task larger than the byte budget runs alone); report each completion in order of

@@ -1,52 +1,54 @@
 """Recipe files: Alloy's own YAML and mergekit's (``mergekit-yaml recipe.yml out/``), detected automatically.
 
-A mergekit file has ``merge_method``; an Alloy file has ``strategy``. The mergekit mapping (also in the README, "Merging"):
+A mergekit file has ``merge_method``; an Alloy file has ``strategy``. A mergekit recipe keeps mergekit's method
+name (``variant``), parameter names, defaults and precedence: :mod:`alloy.merge.recipe_checks` refuses any parameter
+its method does not declare. Every key of the file is either honoured as mergekit honours it or refused with
+VALIDATION_FAILED naming it (``details.field``): Alloy never drops a key silently, even where mergekit would.
 
-=================  ==========================================================================
-mergekit           Alloy
-=================  ==========================================================================
-linear             linear
-slerp              slerp (``base_model`` at t=0)
-task_arithmetic    task_arithmetic
-ties               ties (mergekit's density default 1.0 is kept when density is not given)
-dare_ties          dare with ``consensus: true``; ``density`` -> ``drop_rate = 1 - density``
-dare_linear        dare with ``consensus: false``; same density mapping
-passthrough        franken_merge (one source per slice)
-=================  ==========================================================================
+=====================  ============================================================================
+mergekit key           Alloy
+=====================  ============================================================================
+merge_method           ``variant`` (looked up in the kernels' methods; unknown: INVALID_STRATEGY)
+base_model             ``base_model`` (methods that need a base refuse a recipe without one)
+models / slices        ``models`` / output ``slices`` (several slices, each with sources and parameters)
+parameters             global parameters (slice source > output slice > model > global)
+dtype                  ``compute_dtype``; also the output dtype unless ``out_dtype`` is set
+out_dtype              ``dtype`` (the output dtype)
+tokenizer_source,      refused for now (the output takes the base model's tokenizer files)
+tokenizer, chat_template
+``model+adapter``      a PEFT LoRA adapter folded into the model as it is read (:mod:`alloy.merge.lora`)
+modules,               refused
+residual_weight
+=====================  ============================================================================
 """
 
 from __future__ import annotations
 
-import logging
+from functools import lru_cache
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.merge.recipe import MergeRecipe, ModelRef, Slice, recipe_validation_error
+from alloy.merge.lora import split_reference
+from alloy.merge.methods import get_method
+from alloy.merge.recipe import MergeRecipe, recipe_validation_error
 
-log = logging.getLogger(__name__)
-
-METHOD_MAP: dict[str, tuple[str, dict[str, Any]]] = {
-    "linear": ("linear", {}),
-    "slerp": ("slerp", {}),
-    "task_arithmetic": ("task_arithmetic", {}),
-    "ties": ("ties", {}),
-    "dare_ties": ("dare", {"consensus": True}),
-    "dare_linear": ("dare", {"consensus": False}),
-    "passthrough": ("franken_merge", {}),
-}
-# mergekit defaults that differ from Alloy's, made explicit when the file does not set them.
-MERGEKIT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "ties": {"density": 1.0},
-    "dare": {"drop_rate": 0.0},
-}
 DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
                  "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
-BOOL_PARAMS = {"normalize", "rescale", "consensus"}
-DROPPED_PARAMS = {"int8_mask"}  # mergekit memory tweaks with no effect on the result
-IGNORED_KEYS = {"tokenizer_source", "tokenizer", "chat_template", "name", "out_dtype", "dtype", "merge_method",
-                "base_model", "models", "parameters", "slices", "seed"}
+TOP_LEVEL_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype"}
+MODEL_KEYS = {"model", "parameters"}
+SLICE_KEYS = {"sources", "base_model", "parameters"}
+SOURCE_KEYS = {"model", "layer_range", "parameters"}
+# Keys mergekit reads that Alloy does not implement yet: refused by name rather than ignored.
+NOT_SUPPORTED = {
+    "tokenizer_source": "tokenizer merging is not supported; the output takes the base model's tokenizer files",
+    "tokenizer": "tokenizer merging is not supported; the output takes the base model's tokenizer files",
+    "chat_template": "chat templates are not supported; the output takes the base model's tokenizer files",
+    "modules": "per-module recipes (modules:) are not supported; use slices",
+    "residual_weight": "residual_weight is not supported (mergekit 0.1.5 does not use it either)",
+}
 
 
 def load_recipe_yaml(text: str) -> MergeRecipe:
@@ -54,11 +56,11 @@ def load_recipe_yaml(text: str) -> MergeRecipe:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"recipe is not valid YAML: {exc}") from None
+        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"recipe is not valid YAML: {_short(exc)}") from None
     if not isinstance(data, dict):
         raise AlloyError(ErrorCode.VALIDATION_FAILED, "recipe must be a YAML mapping")
     if "merge_method" in data:
-        return from_mergekit(data)
+        return from_mergekit(data, text)
     if "strategy" in data:
         return from_alloy(data)
     raise AlloyError(ErrorCode.VALIDATION_FAILED,
@@ -66,8 +68,16 @@ def load_recipe_yaml(text: str) -> MergeRecipe:
                      {"field": "strategy"})
 
 
+def _short(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or "syntax error"
+    return f"{problem} at line {mark.line + 1}" if mark else problem
+
+
 def from_alloy(data: dict[str, Any]) -> MergeRecipe:
     data = dict(data)
+    if "mergekit_config" in data:  # set only by the mergekit reader: it switches to mergekit's names and defaults
+        raise _refuse("mergekit_config", "unknown key")
     # Shorthand: ``models: [a, b]``.
     data["models"] = [{"model": m} if isinstance(m, str) else m for m in data.get("models") or []]
     try:
@@ -76,112 +86,130 @@ def from_alloy(data: dict[str, Any]) -> MergeRecipe:
         raise recipe_validation_error(exc) from None
 
 
-def from_mergekit(data: dict[str, Any]) -> MergeRecipe:
-    method = data["merge_method"]
-    if method not in METHOD_MAP:
-        raise AlloyError(ErrorCode.INVALID_STRATEGY,
-                         f"mergekit merge_method {method!r} has no Alloy equivalent; supported: {', '.join(METHOD_MAP)}",
-                         {"strategy": method, "known": sorted(METHOD_MAP)})
-    strategy, implied = METHOD_MAP[method]
-    for key in sorted(set(data) - IGNORED_KEYS):
-        log.warning("mergekit key %r is not used by Alloy", key)
-    for key in ("tokenizer_source", "tokenizer", "chat_template"):
-        if key in data:
-            log.warning("mergekit %s is not supported: tokenizer files are copied from the base model", key)
+def _refuse(field: str, message: str) -> AlloyError:
+    return AlloyError(ErrorCode.VALIDATION_FAILED, f"{field}: {message}", {"field": field})
 
-    global_params = {**_params(data.get("parameters"), method), **implied}
-    for key, value in MERGEKIT_DEFAULTS.get(strategy, {}).items():
-        global_params.setdefault(key, value)
-    models = [ModelRef(model=_model_name(m), parameters=_params(m.get("parameters") if isinstance(m, dict) else None, method))
-              for m in data.get("models") or []]
-    slices = None
-    if data.get("slices"):
-        models, slices, slice_params = _slices(data["slices"], strategy, models, method)
-        global_params = {**slice_params, **global_params}
+
+def _check_keys(entry: Any, allowed: set[str], field: str) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        raise _refuse(field, "must be a mapping")
+    for key in entry:
+        where = f"{field}.{key}" if field else str(key)
+        if key in NOT_SUPPORTED:
+            raise _refuse(where, NOT_SUPPORTED[key])
+        if key not in allowed:
+            raise _refuse(where, f"unknown key (known: {', '.join(sorted(allowed))})")
+    return entry
+
+
+def from_mergekit(data: dict[str, Any], text: str | None = None) -> MergeRecipe:
+    _check_keys(data, TOP_LEVEL_KEYS, "")
+    method = get_method(str(data["merge_method"]))
+    if bool(data.get("models")) == bool(data.get("slices")):
+        raise _refuse("models", "exactly one of 'models' or 'slices' must be given")
+    models = [_model_entry(entry, f"models.{i}") for i, entry in enumerate(data.get("models") or [])]
+    slices = [_slice_entry(entry, f"slices.{k}") for k, entry in enumerate(data.get("slices") or [])] or None
+    types = {p.name: p.type for p in method.params}
+    for params in [m.get("parameters") for m in models] + _slice_parameter_dicts(slices) + [data.get("parameters")]:
+        if isinstance(params, dict):
+            for key, value in params.items():
+                if key in types:
+                    params[key] = _coerce(value, types[key])
+    compute = _dtype(data.get("dtype"), "dtype")
     try:
         return MergeRecipe(
-            strategy=strategy,
+            strategy=method.family,
+            variant=method.name,
             models=models,
-            base_model=_model_name(data["base_model"]) if data.get("base_model") else None,
-            parameters=global_params,
+            base_model=_model_name(data["base_model"], "base_model") if data.get("base_model") else None,
+            parameters=_params(data.get("parameters"), "parameters"),
             slices=slices,
-            dtype=_dtype(data.get("out_dtype") or data.get("dtype")),
-            seed=int(data.get("seed", 0)),
+            dtype=_dtype(data.get("out_dtype"), "out_dtype") or compute,
+            compute_dtype=compute,
+            mergekit_config=text if text is not None else yaml.safe_dump(data, sort_keys=False),
         )
     except ValueError as exc:
         raise recipe_validation_error(exc) from None
 
 
-def _model_name(entry: Any) -> str:
-    if isinstance(entry, dict):
-        entry = entry.get("model")
+def _slice_parameter_dicts(slices: list[dict[str, Any]] | None) -> list[Any]:
+    out = []
+    for piece in slices or []:
+        out.append(piece["parameters"])
+        out += [source["parameters"] for source in piece["sources"]]
+    return out
+
+
+@lru_cache
+def _adapter(type_: type) -> TypeAdapter:
+    return TypeAdapter(type_)
+
+
+def _coerce(value: Any, type_: type) -> Any:
+    """A parameter value as mergekit reads it: pydantic's lax conversion of every scalar to the parameter's type
+    (``normalize: 1`` is true, ``tol: "1e-5"``, which YAML reads as a string, is a number). What does not convert
+    is left for validation to refuse by name."""
+    if isinstance(value, list):
+        return [dict(v, value=_coerce(v.get("value"), type_)) if isinstance(v, dict) else _coerce(v, type_)
+                for v in value]
+    if isinstance(value, dict):
+        return dict(value, value=_coerce(value.get("value"), type_))
+    try:
+        return _adapter(type_).validate_python(value)
+    except ValidationError:
+        return value
+
+
+def _model_entry(entry: Any, field: str) -> dict[str, Any]:
+    if isinstance(entry, str):
+        return {"model": _model_name(entry, field)}
+    _check_keys(entry, MODEL_KEYS, field)
+    return {"model": _model_name(entry.get("model"), f"{field}.model"),
+            "parameters": _params(entry.get("parameters"), f"{field}.parameters")}
+
+
+def _slice_entry(entry: Any, field: str) -> dict[str, Any]:
+    _check_keys(entry, SLICE_KEYS, field)
+    sources = entry.get("sources")
+    if not isinstance(sources, list) or not sources:
+        raise _refuse(f"{field}.sources", "a slice needs a list of sources")
+    out = {"sources": [], "parameters": _params(entry.get("parameters"), f"{field}.parameters")}
+    if entry.get("base_model"):
+        out["base_model"] = _model_name(entry["base_model"], f"{field}.base_model")
+    for j, source in enumerate(sources):
+        where = f"{field}.sources.{j}"
+        _check_keys(source, SOURCE_KEYS, where)
+        layer_range = source.get("layer_range")
+        if not (isinstance(layer_range, list) and len(layer_range) == 2 and all(isinstance(v, int) for v in layer_range)):
+            raise _refuse(f"{where}.layer_range", "must be [start, end] (end exclusive)")
+        out["sources"].append({"model": _model_name(source.get("model"), f"{where}.model"),
+                               "layer_range": tuple(layer_range),
+                               "parameters": _params(source.get("parameters"), f"{where}.parameters")})
+    return out
+
+
+def _model_name(entry: Any, field: str) -> str:
     if not isinstance(entry, str) or not entry:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"model must be a name or path, got {entry!r}", {"field": "models"})
-    if "+" in entry:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"LoRA-merged model references ({entry!r}) are not supported",
-                         {"field": "models"})
+        raise _refuse(field, f"must be a model name or path, got {type(entry).__name__}")
+    try:
+        split_reference(entry)  # ``model+adapter``: checked here, the adapter itself when the merge opens it
+    except AlloyError as exc:
+        raise _refuse(field, exc.message) from None
     return entry
 
 
-def _dtype(value: Any) -> str | None:
+def _params(raw: Any, field: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _refuse(field, "parameters must be a mapping")
+    return dict(raw)
+
+
+def _dtype(value: Any, field: str) -> str | None:
     if value is None:
         return None
     name = DTYPE_ALIASES.get(str(value).lower())
     if name is None:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"unsupported dtype {value!r}", {"field": "dtype"})
+        raise _refuse(field, f"unsupported dtype {value!r} (float32, float16, bfloat16)")
     return name
-
-
-def _params(raw: Any, method: str) -> dict[str, Any]:
-    """mergekit parameter names and values -> Alloy's."""
-    if not raw:
-        return {}
-    if not isinstance(raw, dict):
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, "parameters must be a mapping", {"field": "parameters"})
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in DROPPED_PARAMS:
-            continue
-        if key in BOOL_PARAMS:
-            value = _map_values(value, lambda v: bool(v) if isinstance(v, (int, float)) else v)
-        if key == "density" and method in ("dare_ties", "dare_linear"):
-            key, value = "drop_rate", _map_values(value, _drop_rate)
-        out[key] = value
-    return out
-
-
-def _drop_rate(density: Any) -> Any:
-    return round(1.0 - float(density), 12) if isinstance(density, (int, float)) and not isinstance(density, bool) else density
-
-
-def _map_values(value: Any, fn) -> Any:
-    """Apply ``fn`` to every scalar of a scalar, gradient or filter list."""
-    if isinstance(value, list):
-        return [dict(v, value=_map_values(v.get("value"), fn)) if isinstance(v, dict) else fn(v) for v in value]
-    return fn(value)
-
-
-def _slices(raw: list[Any], strategy: str, models: list[ModelRef], method: str):
-    """mergekit ``slices``: for passthrough, one source per slice -> franken slices; for any other method, a single
-    slice whose sources all share one layer_range (the usual way slerp recipes are written) -> models."""
-    parsed = []
-    for position, entry in enumerate(raw):
-        sources = entry.get("sources") if isinstance(entry, dict) else None
-        if not sources:
-            raise AlloyError(ErrorCode.VALIDATION_FAILED, f"slice {position} has no sources", {"field": f"slices.{position}"})
-        parsed.append(sources)
-    if strategy == "franken_merge":
-        slices = []
-        for position, sources in enumerate(parsed):
-            if len(sources) != 1:
-                raise AlloyError(ErrorCode.VALIDATION_FAILED,
-                                 f"passthrough slice {position} must have exactly one source", {"field": f"slices.{position}"})
-            slices.append(Slice(model=_model_name(sources[0]), layer_range=tuple(sources[0]["layer_range"])))
-        return models, slices, {}
-    if len(parsed) != 1 or len({tuple(s.get("layer_range") or ()) for s in parsed[0]}) != 1:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED,
-                         f"{method} with slices is supported for one slice whose sources share a layer_range "
-                         "covering the whole models", {"field": "slices"})
-    slice_params = _params(raw[0].get("parameters"), method)
-    slice_models = [ModelRef(model=_model_name(s), parameters=_params(s.get("parameters"), method)) for s in parsed[0]]
-    return slice_models, None, slice_params

@@ -37,18 +37,35 @@ def copy_base_files(base_dir: Path, out_dir: Path) -> list[str]:
 
 
 def recipe_yaml(plan: MergePlan) -> str:
-    data = plan.recipe.model_dump(mode="json", exclude_none=True)
+    """The recipe as the user wrote it when it was mergekit YAML, else the validated Alloy recipe."""
+    if plan.recipe.mergekit_config is not None:
+        return plan.recipe.mergekit_config.strip() + "\n"
+    data = plan.recipe.model_dump(mode="json", exclude_none=True, exclude={"mergekit_config"})
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def write_recipe_files(plan: MergePlan, out_dir: Path) -> None:
+    """``mergekit_config.yml`` (as mergekit writes it) when the recipe came from mergekit YAML, verbatim."""
+    if plan.recipe.mergekit_config is not None:
+        (out_dir / "mergekit_config.yml").write_text(plan.recipe.mergekit_config)
+
+
+def card_metadata(plan: MergePlan) -> dict[str, Any]:
+    """The model card's front matter: the models merged (base first), tags, the method and its family."""
+    models = [plan.base_id] + [m for m in plan.model_ids if m != plan.base_id]
+    return {"base_model": models, "tags": ["merge", "alloy"], "merge_method": plan.method.name,
+            "merge_strategy": plan.recipe.strategy, "library_name": "transformers"}
 
 
 def write_model_card(plan: MergePlan, out_dir: Path) -> None:
     models = ", ".join(f"`{m}`" for m in plan.model_ids)
     card = (
         "---\n"
-        "tags:\n- merge\n- alloy\n"
+        f"{yaml.safe_dump(card_metadata(plan), sort_keys=False)}"
         "---\n\n"
         f"# Merged model\n\n"
-        f"Made with Alloy: `{plan.recipe.strategy}` of {models} (base: `{plan.base_id}`).\n\n"
+        f"Made with Alloy: `{plan.method.name}` ({plan.recipe.strategy} family) of {models} "
+        f"(base: `{plan.base_id}`).\n\n"
         "## Recipe\n\n"
         "```yaml\n"
         f"{recipe_yaml(plan)}"

@@ -1,5 +1,11 @@
 """From a validated recipe and the models' tensor layouts to the list of output tensors and how to make each.
 
+The plan is an output-slice plan: the output layers are the recipe's slices one after another (a ``models:``
+recipe is one slice over every layer), and output layer ``i`` of a slice is merged from layer ``start + i`` of each
+of that slice's sources, with the slice's parameters and ``t = i / (length - 1)`` (mergekit's depth, counted within
+the slice). Tensors outside the layer stack come from the first slice's sources (embeddings) or the last slice's
+(final norm, LM head), at ``t = 0``. A franken merge is the case of one source per slice.
+
 The plan is built from shapes and dtypes only, so the on-disk merge (layouts from safetensors headers) and the
 in-memory merge (layouts from state dicts) share it and produce the same bits.
 """
@@ -13,11 +19,11 @@ from typing import Any
 import torch
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.merge.recipe import MergeRecipe, parameter_error, strategy_spec
-from kernels.errors import InvalidParameterError
-from kernels.franken import LayerSlice, output_layer_count, plan_franken
-from kernels.params import depth_of, layer_index
-from kernels.registry import StrategySpec
+from alloy.merge.methods import get_method, uses_base
+from alloy.merge.recipe import MergeRecipe, OutputSlice, SliceSource
+from alloy.merge.recipe_checks import models_base, slice_base
+from kernels.franken import is_embedding, renumber
+from kernels.params import layer_index
 
 OUTPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -42,27 +48,30 @@ Layout = Mapping[str, TensorMeta]  # tensor name -> shape and dtype, for one mod
 @dataclass(frozen=True)
 class TensorTask:
     output_name: str
-    sources: tuple[tuple[str, str], ...]  # (model id, source tensor name), in the plan's model order
+    sources: tuple[tuple[str, str], ...]  # (model id, source tensor name), in the slice's source order
     shape: tuple[int, ...]
     dtype: torch.dtype  # output dtype
-    depth: float  # t in [0, 1] for gradient parameters
-    compute: bool  # False: the first source is copied (franken slices, integer buffers)
+    depth: float  # t in [0, 1] for gradient parameters, within the slice
+    compute: bool  # False: the base (or only) source is copied (integer buffers)
     input_bytes: int  # float32 bytes of the inputs and result: what the scheduler budgets
+    slice_index: int = 0  # the output slice whose parameters apply
+    base_index: int | None = None  # position of the slice's base among ``sources``
 
 
 @dataclass(frozen=True)
 class MergePlan:
     recipe: MergeRecipe  # validated, canonical parameter names
-    spec: StrategySpec
+    method: Any  # the kernels' method spec
     model_ids: tuple[str, ...]
-    base_index: int
-    model_params: tuple[dict[str, Any], ...]  # aligned with model_ids
+    base_id: str  # the model whose config and tokenizer files the output takes
+    slices: tuple[OutputSlice, ...]  # concrete output slices (a models: recipe is one slice)
     tasks: tuple[TensorTask, ...]
-    output_layers: int | None  # franken: the new layer count
+    output_layers: int | None  # None: the layers are the base's (a models: recipe), config left as it is
+    layer_origins: tuple[int, ...]  # per output layer, the layer of the base model's config it describes
 
     @property
-    def base_id(self) -> str:
-        return self.model_ids[self.base_index]
+    def spec(self) -> Any:
+        return self.method
 
 
 def count_layers(names: list[str] | Any) -> int:
@@ -70,90 +79,199 @@ def count_layers(names: list[str] | Any) -> int:
     return max(indices) + 1 if indices else 0
 
 
+def layer_stack(name: str) -> str | None:
+    """The layer stack a tensor belongs to: the name before its layer index (``model.layers``,
+    ``vision_tower.transformer.layers``), None outside any stack. A multimodal model has several."""
+    index = layer_index(name)
+    if index is None:
+        return None
+    marker = f".{index}."
+    return name[: name.index(marker)] if not name.startswith(f"{index}.") and marker in name else ""
+
+
+def stack_sizes(names: list[str] | Any) -> dict[str, int]:
+    """Layers per stack, in order of first appearance."""
+    sizes: dict[str, int] = {}
+    for name in names:
+        stack = layer_stack(name)
+        if stack is not None:
+            sizes[stack] = max(sizes.get(stack, 0), layer_index(name) + 1)
+    return sizes
+
+
 def natural_key(name: str) -> list[Any]:
     """``layers.10`` after ``layers.9``."""
     return [int(part) if part.isdigit() else part for part in name.replace("-", ".").split(".")]
 
 
+def concrete_slices(recipe: MergeRecipe, layer_counts: Mapping[str, int],
+                    stacks_by_model: Mapping[str, Mapping[str, int]] | None = None) -> tuple[OutputSlice, ...]:
+    """The recipe's output slices with their ranges checked against the models (VALIDATION_FAILED naming the
+    slice), or the one slice over every layer of a ``models:`` recipe (mergekit: base added, without parameters)."""
+    if not recipe.slices:
+        base = models_base(recipe)
+        layers = layer_counts[base] if base else layer_counts[recipe.model_ids[0]]
+        sources = [SliceSource(model=m, layer_range=(0, layers)) for m in recipe.model_ids] if layers else []
+        if not sources:
+            return ()
+        return (OutputSlice(sources=sources, base_model=base),)
+    for model, stacks in (stacks_by_model or {}).items():
+        if len(stacks) > 1:
+            raise AlloyError(
+                ErrorCode.VALIDATION_FAILED,
+                f"{model!r} has several layer stacks ({', '.join(stacks)}): slicing it needs mergekit's modules: "
+                "syntax, which Alloy does not support; merge it with models: instead", {"field": "slices"})
+    for k, piece in enumerate(recipe.slices):
+        for j, source in enumerate(piece.sources):
+            available = layer_counts[source.model]
+            start, end = source.layer_range
+            if end > available:
+                raise AlloyError(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"slice {k}: layer_range [{start}, {end}) is outside {source.model!r}'s {available} layers "
+                    "(end is exclusive)", {"parameter": "slices", "field": f"slices.{k}.sources.{j}.layer_range"})
+    return tuple(piece.model_copy(update={"base_model": slice_base(recipe, piece)}) for piece in recipe.slices)
+
+
 def build_plan(recipe: MergeRecipe, layouts: Mapping[str, Layout]) -> MergePlan:
     """``recipe`` must already have passed :func:`alloy.merge.recipe.validate_recipe` and the layouts
     :func:`alloy.merge.compatibility.check_layouts`."""
-    spec = strategy_spec(recipe.strategy)
-    model_ids = tuple(recipe.model_ids)
-    base_index = model_ids.index(recipe.base)
-    model_params = tuple(recipe.model_parameters(m) for m in model_ids)
+    method = get_method(recipe.variant or recipe.strategy)
     output_dtype = OUTPUT_DTYPES[recipe.dtype] if recipe.dtype else None
-    if recipe.strategy == "franken_merge":
-        tasks, layers = _franken_tasks(recipe, layouts, output_dtype)
-    else:
-        tasks, layers = _merge_tasks(model_ids, base_index, layouts, output_dtype), None
-    return MergePlan(recipe, spec, model_ids, base_index, model_params, tasks, layers)
+    compute_dtype = OUTPUT_DTYPES[recipe.compute_dtype] if recipe.compute_dtype else None
+    counts = {m: count_layers(layout) for m, layout in layouts.items()}
+    stacks = {m: stack_sizes(layout) for m, layout in layouts.items()}
+    slices = concrete_slices(recipe, counts, stacks)
+    builder = _TaskBuilder(layouts, output_dtype or compute_dtype, uses_base(method))
+    base_id = recipe.base if recipe.base in layouts else recipe.model_ids[0]
+    origins: list[int] = []
+    if slices and not recipe.slices:
+        # every layer of every stack (mergekit: one module each), gradients over each stack's own depth
+        only = slices[0]
+        builder.outside_layers(only, 0, lambda name: True)
+        for stack, size in stacks[_reference(only).model].items():
+            piece = only.model_copy(update={"sources": [s.model_copy(update={"layer_range": (0, size)})
+                                                        for s in only.sources]})
+            builder.layers(piece, 0, 0, stack=stack)
+    elif slices:
+        first, last = slices[0], slices[-1]
+        builder.outside_layers(first, 0, lambda name: is_embedding(name))
+        for k, piece in enumerate(slices):
+            origins += builder.layers(piece, k, len(origins))
+        builder.outside_layers(last, len(slices) - 1, lambda name: not is_embedding(name))
+    else:  # no layer stack at all: every tensor merged as a whole
+        only = OutputSlice(sources=[SliceSource(model=m, layer_range=(0, 1)) for m in recipe.model_ids],
+                           base_model=models_base(recipe))
+        builder.outside_layers(only, 0, lambda name: True)
+        slices = (only,)
+    return MergePlan(recipe, method, tuple(recipe.model_ids), base_id, slices, tuple(builder.tasks),
+                     len(origins) if recipe.slices else None, tuple(origins))
 
 
-def _merge_tasks(model_ids, base_index, layouts, output_dtype) -> tuple[TensorTask, ...]:
-    base_layout = layouts[model_ids[base_index]]
-    num_layers = count_layers(base_layout)
-    tasks = []
-    for name in sorted(base_layout, key=natural_key):
-        meta = base_layout[name]
+def _reference(piece: OutputSlice) -> SliceSource:
+    """The source whose tensor names define the slice's output: its base when the base is an input."""
+    for source in piece.sources:
+        if source.model == piece.base_model:
+            return source
+    return piece.sources[0]
+
+
+class _TaskBuilder:
+    def __init__(self, layouts: Mapping[str, Layout], output_dtype: torch.dtype | None, with_base: bool):
+        self.layouts = layouts
+        self.with_base = with_base  # False: the method ignores the base (linear, karcher, passthrough)
+        self.output_dtype = output_dtype
+        self.tasks: list[TensorTask] = []
+        self._by_layer: dict[str, dict[int, list[str]]] = {}
+
+    def names_at(self, model: str, index: int, stack: str | None = None) -> list[str]:
+        if model not in self._by_layer:
+            by_layer: dict[int, list[str]] = {}
+            for name in sorted(self.layouts[model], key=natural_key):
+                layer = layer_index(name)
+                if layer is not None:
+                    by_layer.setdefault(layer, []).append(name)
+            self._by_layer[model] = by_layer
+        names = self._by_layer[model].get(index, [])
+        return names if stack is None else [n for n in names if layer_stack(n) == stack]
+
+    def outside_layers(self, piece: OutputSlice, slice_index: int, keep) -> None:
+        reference = _reference(piece)
+        for name in sorted(self.layouts[reference.model], key=natural_key):
+            if layer_index(name) is None and keep(name):
+                self.add(name, [(s.model, name) for s in piece.sources], piece, slice_index, 0.0)
+
+    def layers(self, piece: OutputSlice, slice_index: int, first_output: int, stack: str | None = None) -> list[int]:
+        reference = _reference(piece)
+        origins = []
+        for offset in range(piece.length):
+            depth = offset / (piece.length - 1) if piece.length > 1 else 1.0
+            out_index = first_output + offset
+            ref_layer = reference.layer_range[0] + offset
+            for name in self.names_at(reference.model, ref_layer, stack):
+                sources = [(s.model, renumber(name, s.layer_range[0] + offset)) for s in piece.sources]
+                self.add(renumber(name, out_index), sources, piece, slice_index, depth)
+            origins.append(ref_layer)
+        return origins
+
+    def add(self, output_name: str, sources: list[tuple[str, str]], piece: OutputSlice, slice_index: int,
+            depth: float) -> None:
+        models = [m for m, _ in sources]
+        position = models.index(piece.base_model) if piece.base_model in models else None
+        base_index = position if self.with_base else None
+        reference = position or 0
+        ref_model, ref_name = sources[reference]
+        ref_meta = self.layouts[ref_model].get(ref_name)
+        metas = []
+        for model, name in sources:
+            meta = self.layouts[model].get(name)
+            if meta is None or ref_meta is None or meta.shape != ref_meta.shape:
+                shapes = [list(ref_meta.shape) if ref_meta else None, list(meta.shape) if meta else None]
+                raise AlloyError(ErrorCode.INCOMPATIBLE_MODELS,
+                                 f"tensor {name!r} is {_describe(shapes[1])} in {model!r} but "
+                                 f"{_describe(shapes[0])} in {ref_model!r}",
+                                 {"tensor": name, "shapes": shapes, "models": [ref_model, model]})
+            metas.append(meta)
+        meta = metas[reference]
         floating = meta.dtype.is_floating_point
-        tasks.append(TensorTask(
-            output_name=name,
-            sources=tuple((m, name) for m in model_ids) if floating else ((model_ids[base_index], name),),
+        self.tasks.append(TensorTask(
+            output_name=output_name,
+            sources=tuple(sources) if floating else (sources[reference],),
             shape=meta.shape,
-            dtype=(output_dtype or meta.dtype) if floating else meta.dtype,
-            depth=depth_of(name, num_layers),
+            dtype=(self.output_dtype or meta.dtype) if floating else meta.dtype,
+            depth=depth,
             compute=floating,
             # inputs plus the float32 result: what a kernel holds at least
-            input_bytes=meta.numel * 4 * (len(model_ids) + 1 if floating else 1),
+            input_bytes=meta.numel * 4 * (len(sources) + 1 if floating else 1),
+            slice_index=slice_index,
+            base_index=base_index if floating else None,
         ))
-    return tuple(tasks)
 
 
-def _franken_tasks(recipe, layouts, output_dtype) -> tuple[tuple[TensorTask, ...], int]:
-    slices = [LayerSlice(s.model, s.layer_range[0], s.layer_range[1]) for s in recipe.slices or []]
-    try:
-        sources = plan_franken(
-            slices,
-            {m: sorted(layout, key=natural_key) for m, layout in layouts.items()},
-            {m: count_layers(layout) for m, layout in layouts.items()},
-        )
-    except InvalidParameterError as exc:
-        raise parameter_error(exc) from None
-    tasks = []
-    for source in sources:
-        meta = layouts[source.model][source.source_name]
-        floating = meta.dtype.is_floating_point
-        tasks.append(TensorTask(
-            output_name=source.output_name,
-            sources=((source.model, source.source_name),),
-            shape=meta.shape,
-            dtype=(output_dtype or meta.dtype) if floating else meta.dtype,
-            depth=0.0,
-            compute=False,
-            input_bytes=meta.numel * 4,
-        ))
-    return tuple(tasks), output_layer_count(slices)
+def _describe(shape: list[int] | None) -> str:
+    return "missing" if shape is None else f"shaped {shape}"
 
 
 def output_config(plan: MergePlan, base_config: dict[str, Any]) -> dict[str, Any]:
-    """The merged model's config.json: the base's, with the output dtype and (franken) the new layer count."""
+    """The merged model's config.json: the base's, with the output dtype, the output layer count and the
+    per-layer lists (e.g. ``layer_types``) following the layers they describe."""
     config = dict(base_config)
-    if plan.recipe.dtype:
-        config["dtype"] = plan.recipe.dtype
+    dtype = plan.recipe.dtype or plan.recipe.compute_dtype
+    if dtype:
+        config["dtype"] = dtype
         config.pop("torch_dtype", None)
-    if plan.output_layers is not None:
-        old_layers = None
-        for key in LAYER_COUNT_KEYS:
-            if isinstance(config.get(key), int):
-                old_layers = config[key]
-                config[key] = plan.output_layers
-                break
-        # Per-layer lists (e.g. ``layer_types``) follow the layers they describe.
-        source_layers = [i for s in plan.recipe.slices or [] for i in range(*s.layer_range)]
+    if plan.output_layers is None:
+        return config
+    old_layers = None
+    for key in LAYER_COUNT_KEYS:
+        if isinstance(config.get(key), int):
+            old_layers = config[key]
+            config[key] = plan.output_layers
+            break
+    if old_layers and list(plan.layer_origins) != list(range(old_layers)):
         for key, value in list(config.items()):
-            if isinstance(value, list) and old_layers and len(value) == old_layers and key != "architectures":
-                config[key] = [value[i] if i < len(value) else value[-1] for i in source_layers]
+            if isinstance(value, list) and len(value) == old_layers and key != "architectures":
+                config[key] = [value[i] if i < len(value) else value[-1] for i in plan.layer_origins]
     return config
 
 

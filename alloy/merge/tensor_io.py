@@ -61,9 +61,19 @@ class SafetensorsReader:
 
     def __init__(self, model_dir: Path, manifest: ModelManifest):
         self.model_dir = Path(model_dir)
+        self._index([self.model_dir / shard for shard in manifest.shards])
+
+    @classmethod
+    def from_files(cls, paths: list[Path]) -> SafetensorsReader:
+        """A reader of loose safetensors files (a LoRA adapter's weights), with no model manifest."""
+        reader = cls.__new__(cls)
+        reader.model_dir = Path(paths[0]).parent
+        reader._index(paths)
+        return reader
+
+    def _index(self, paths: list[Path]) -> None:
         self.tensors: dict[str, StoredTensor] = {}
-        for shard in manifest.shards:
-            path = self.model_dir / shard
+        for path in paths:
             with path.open("rb") as handle:
                 (length,) = struct.unpack("<Q", handle.read(8))
                 header = json.loads(handle.read(length))

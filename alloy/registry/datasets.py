@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from alloy.errors import AlloyError, ErrorCode, from_validation_error, not_found, validation_failed
+from alloy.ids import outside_roots
 from alloy.registry.ids import check_id
 from alloy.storage.artifact_catalog import ArtifactCatalog
 from alloy.storage.artifacts import ArtifactStore
@@ -159,7 +160,7 @@ class DatasetRegistry:
                 raise validation_failed(f"invalid split name {name!r}", split=name)
             resolved = Path(path).expanduser().resolve()
             if self.roots is not None and not any(r == resolved or r in resolved.parents for r in self.roots):
-                raise validation_failed("dataset file is outside the allowed folders", path=str(path))
+                raise outside_roots("dataset file", self.roots)
             if not resolved.is_file():
                 raise validation_failed("dataset file does not exist", path=str(path), split=name)
             files[name] = resolved

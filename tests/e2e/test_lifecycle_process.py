@@ -46,7 +46,7 @@ READY_TIMEOUT_S = 420
 # A merge of these models takes ~2 s, less than `alloy stop` needs to start on a loaded machine: the stop tests
 # queue several, so some are still active when the stop begins however slow the CLI is.
 QUEUED_MERGES = 6
-READY_LINE = re.compile(r"export ALLOY_URL=(\S+) ALLOY_API_KEY=(\S+)")
+READY_LINE = re.compile(r"export ALLOY_URL=(\S+) ALLOY_API_KEY=(\$\(cat \S+\)|\S+)")
 # The session cluster's address and token must not leak into the clusters these tests start.
 LEAKY_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
@@ -88,6 +88,8 @@ class Operator:
             found = READY_LINE.search(log.read_text())
             if found:
                 self.url, self.key = found.groups()
+                if self.key.startswith("$(cat"):  # a restart: the key was printed at the first start only
+                    self.key = Path(self.key[len("$(cat "):-1]).read_text().strip()
                 return
             assert self.process.poll() is None, f"alloy start exited {self.process.returncode}:\n{self.log_tail()}"
             time.sleep(1.0)

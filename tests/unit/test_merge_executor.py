@@ -50,12 +50,14 @@ def family(tiny_family):
     ("dare", ["base", "t1", "t2"], {"drop_rate": 0.3, "consensus": True}),
     ("slerp", ["base", "t1"], {"t": [0.0, 1.0]}),
     ("task_arithmetic", ["base", "t1", "t2"], {"lambda": 0.8}),
-    ("linear", ["t1", "t2"], {}),
+    ("task_arithmetic:linear", ["t1", "t2"], {}),
 ])
 def test_llama_merges_load_and_give_finite_logits(family, tmp_path, strategy, ids, parameters):
-    result = execute_merge(recipe(strategy, ids, parameters=parameters, seed=1), family, tmp_path / "out")
+    strategy, _, variant = strategy.partition(":")
+    result = execute_merge(recipe(strategy, ids, parameters=parameters, seed=1, variant=variant or None), family,
+                           tmp_path / "out")
     assert result.tensors == len(read_manifest(family["base"]).tensors)
-    assert (tmp_path / "out" / "README.md").read_text().count(f"strategy: {strategy}") == 1
+    assert (tmp_path / "out" / "README.md").read_text().count(f"merge_strategy: {strategy}\n") == 1
     assert_loads_with_finite_logits(tmp_path / "out")
 
 
@@ -171,7 +173,8 @@ def test_merge_state_dicts_does_not_touch_its_inputs(family):
 
 def test_progress_is_reported_per_tensor(family, tmp_path):
     seen = []
-    result = execute_merge(recipe("linear", ["t1", "t2"]), family, tmp_path / "out", progress=seen.append)
+    result = execute_merge(recipe("task_arithmetic", ["t1", "t2"], variant="linear"), family, tmp_path / "out",
+                           progress=seen.append)
     assert [p.tensors_done for p in seen] == list(range(1, result.tensors + 1))
     assert seen[-1].bytes_done == seen[-1].bytes_total == result.bytes
     assert all(p.current for p in seen)
@@ -193,7 +196,7 @@ def test_cancel_leaves_nothing(family, tmp_path):
 def test_existing_output_is_refused(family, tmp_path):
     (tmp_path / "out").mkdir()
     with pytest.raises(AlloyError) as info:
-        execute_merge(recipe("linear", ["t1", "t2"]), family, tmp_path / "out")
+        execute_merge(recipe("task_arithmetic", ["t1", "t2"], variant="linear"), family, tmp_path / "out")
     assert info.value.code is ErrorCode.ALREADY_EXISTS
 
 

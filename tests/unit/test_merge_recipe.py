@@ -1,17 +1,46 @@
-"""Recipe validation, request construction and the mergekit format."""
+"""Recipe validation, request construction and the mergekit format (no model files: plans are built from
+synthetic layouts)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from alloy.errors import AlloyError, ErrorCode
 from alloy.merge.mergekit import load_recipe_yaml
+from alloy.merge.plan import TensorMeta, build_plan, output_config
 from alloy.merge.recipe import MergeRecipe, ModelRef, validate_recipe
+from alloy.merge.tensor_merge import resolve_task_parameters
 
 
 def recipe(strategy="ties", models=("a", "b"), **kwargs) -> MergeRecipe:
     return MergeRecipe(strategy=strategy, models=[ModelRef(model=m) for m in models], **kwargs)
 
+
+def layout(layers: int) -> dict[str, TensorMeta]:
+    """A llama-like layout: embeddings, ``layers`` blocks of two tensors, final norm and LM head."""
+    meta = TensorMeta((4, 4), torch.float32)
+    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    names += [f"model.layers.{i}.{t}" for i in range(layers) for t in ("self_attn.q_proj.weight", "mlp.up_proj.weight")]
+    return {n: meta for n in names}
+
+
+def plan_of(text: str, layers: dict[str, int]):
+    validated = validate_recipe(load_recipe_yaml(text))
+    return build_plan(validated, {m: layout(n) for m, n in layers.items()})
+
+
+def task(plan, name):
+    return next(t for t in plan.tasks if t.output_name == name)
+
+
+def refusal(text: str) -> AlloyError:
+    with pytest.raises(AlloyError) as info:
+        validate_recipe(load_recipe_yaml(text))
+    return info.value
+
+
+# --- Alloy-native recipes --------------------------------------------------------------------------------------
 
 def test_unknown_strategy_is_invalid_strategy():
     with pytest.raises(AlloyError) as info:
@@ -19,11 +48,25 @@ def test_unknown_strategy_is_invalid_strategy():
     assert info.value.code is ErrorCode.INVALID_STRATEGY
 
 
+@pytest.mark.parametrize("strategy", ["linear", "dare_ties", "passthrough"])
+def test_strategy_is_one_of_the_five_families(strategy):
+    with pytest.raises(AlloyError) as info:
+        validate_recipe(recipe(strategy))
+    assert info.value.code is ErrorCode.INVALID_STRATEGY
+
+
+def test_variant_must_belong_to_the_family():
+    assert validate_recipe(recipe("task_arithmetic", variant="linear")).variant == "linear"
+    with pytest.raises(AlloyError) as info:
+        validate_recipe(recipe("ties", variant="dare_linear"))
+    assert info.value.code is ErrorCode.INVALID_STRATEGY and info.value.details["field"] == "variant"
+
+
 def test_bad_parameter_is_validation_failed_naming_it():
     with pytest.raises(AlloyError) as info:
         validate_recipe(recipe("ties", parameters={"density": 2}))
     assert info.value.code is ErrorCode.VALIDATION_FAILED
-    assert info.value.details["parameter"] == "density"
+    assert info.value.details["parameter"] == "density" and info.value.details["field"] == "parameters.density"
 
 
 @pytest.mark.parametrize("models", [("a",), tuple("abcdefghi")])
@@ -35,14 +78,34 @@ def test_model_count_is_two_to_eight(models):
 
 
 def test_slerp_takes_exactly_two_models():
-    with pytest.raises(AlloyError):
-        validate_recipe(recipe("slerp", ("a", "b", "c")))
+    with pytest.raises(AlloyError) as info:
+        validate_recipe(recipe("slerp", ("a", "b", "c"), parameters={"t": 0.5}))
+    assert "slerp takes exactly 2 models, got 3" in info.value.message
 
 
 def test_base_defaults_to_first_model_and_an_extra_base_joins_the_merge():
     assert recipe().base == "a"
     with_base = recipe(models=("x", "y"), base_model="b0")
     assert with_base.base == "b0" and with_base.model_ids == ["b0", "x", "y"]
+
+
+def test_spec_spellings_pick_the_variant_and_become_mergekit_parameters():
+    dare = validate_recipe(recipe("dare", ("a", "b", "c"), parameters={"drop_rate": 0.2, "consensus": True}))
+    assert dare.variant == "dare_ties" and dare.parameters["density"] == pytest.approx(0.8)
+    assert "drop_rate" not in dare.parameters and "consensus" not in dare.parameters
+    della = validate_recipe(recipe("ties", ("a", "b", "c"), parameters={"density": 0.5, "epsilon": 0.1}))
+    assert della.variant == "della" and della.parameters["epsilon"] == 0.1
+    plain = validate_recipe(recipe("ties", ("a", "b"), parameters={"epsilon": 0.0, "scale": 0.5}))
+    assert plain.variant == "ties" and "epsilon" not in plain.parameters and plain.parameters["lambda"] == 0.5
+    with pytest.raises(AlloyError) as info:
+        validate_recipe(recipe("ties", variant="ties", parameters={"epsilon": 0.1}))
+    assert info.value.details["field"] == "parameters.epsilon"
+
+
+def test_validation_is_idempotent():
+    once = validate_recipe(recipe("dare", ("a", "b", "c"), parameters={"drop_rate": [0.1, 0.3]}))
+    assert validate_recipe(once) == once
+    assert once.parameters["density"] == [0.9, 0.7]
 
 
 def test_from_request_fields():
@@ -62,59 +125,205 @@ def test_alloy_yaml_with_model_shorthand():
     assert loaded.strategy == "slerp" and [m.model for m in loaded.models] == ["a", "b"] and loaded.seed == 4
 
 
-def test_mergekit_dare_ties_maps_density_to_drop_rate():
-    loaded = load_recipe_yaml("""
+def test_alloy_yaml_takes_variant_and_mergekit_slices():
+    loaded = validate_recipe(load_recipe_yaml("""
+strategy: task_arithmetic
+variant: linear
+slices:
+  - sources: [{model: a, layer_range: [0, 2], parameters: {weight: 2}}, {model: b, layer_range: [1, 3]}]
+"""))
+    assert loaded.variant == "linear" and loaded.slices[0].sources[0].parameters == {"weight": 2}
+
+
+# --- mergekit recipes -------------------------------------------------------------------------------------------
+
+def test_mergekit_dare_ties_keeps_mergekit_names_and_dtypes():
+    loaded = validate_recipe(load_recipe_yaml("""
 merge_method: dare_ties
 base_model: base
 models:
   - model: base
   - model: a
     parameters: {density: [0.6, 0.9], weight: 0.5}
-parameters: {int8_mask: true, normalize: 1.0}
+parameters: {int8_mask: true, normalize: true}
 dtype: bf16
-""")
-    assert loaded.strategy == "dare" and loaded.base == "base" and loaded.dtype == "bfloat16"
-    assert loaded.parameters == {"normalize": True, "consensus": True, "drop_rate": 0.0}
-    assert loaded.model_parameters("a") == {"drop_rate": [0.4, 0.1], "weight": 0.5}
-    validate_recipe(loaded)
+out_dtype: float16
+"""))
+    assert (loaded.strategy, loaded.variant, loaded.base) == ("dare", "dare_ties", "base")
+    assert (loaded.compute_dtype, loaded.dtype) == ("bfloat16", "float16")
+    assert loaded.parameters == {"int8_mask": True, "normalize": True}
+    assert loaded.model_parameters("a") == {"density": [0.6, 0.9], "weight": 0.5}
 
 
-def test_mergekit_slerp_with_one_full_slice_becomes_models():
-    loaded = load_recipe_yaml("""
-slices:
-  - sources:
-      - {model: A, layer_range: [0, 32]}
-      - {model: B, layer_range: [0, 32]}
+def test_mergekit_dtype_alone_is_also_the_output_dtype():
+    loaded = load_recipe_yaml("merge_method: linear\nmodels: [{model: a}, {model: b}]\ndtype: float16\n")
+    assert (loaded.compute_dtype, loaded.dtype) == ("float16", "float16")
+
+
+def test_slice_parameters_beat_global_ones():
+    plan = plan_of("""
 merge_method: slerp
 base_model: A
-parameters:
-  t: [{filter: self_attn, value: [0, 1]}, {value: 0.5}]
-""")
-    assert [m.model for m in loaded.models] == ["A", "B"] and loaded.slices is None
-    assert loaded.parameters["t"][1] == {"value": 0.5}
-    validate_recipe(loaded)
+slices:
+  - sources: [{model: A, layer_range: [0, 2]}, {model: B, layer_range: [0, 2]}]
+    parameters: {t: 0.3}
+parameters: {t: 0.9}
+""", {"A": 2, "B": 2})
+    shared, _ = resolve_task_parameters(plan, task(plan, "model.layers.1.mlp.up_proj.weight"))
+    assert shared["t"] == 0.3
 
 
-def test_mergekit_passthrough_is_franken_merge():
-    loaded = load_recipe_yaml("""
+def test_parameter_precedence_source_slice_model_global():
+    text = """
+merge_method: task_arithmetic
+base_model: A
+slices:
+  - sources:
+      - {model: A, layer_range: [0, 2]}
+      - {model: B, layer_range: [0, 2], parameters: {weight: 0.1}}
+      - {model: C, layer_range: [0, 2]}
+    parameters: {weight: 0.2, lambda: 0.7}
+parameters: {weight: 0.3, lambda: 0.5}
+"""
+    plan = plan_of(text, {"A": 2, "B": 2, "C": 2})
+    shared, inputs = resolve_task_parameters(plan, task(plan, "model.layers.0.mlp.up_proj.weight"))
+    assert shared["lambda"] == 0.7
+    assert [p["weight"] for p in inputs[1:]] == [0.1, 0.2]
+
+
+def test_model_level_sits_between_slice_and_global_in_alloy_recipes():
+    validated = validate_recipe(MergeRecipe(
+        strategy="task_arithmetic", models=[ModelRef(model="a"), ModelRef(model="b", parameters={"weight": 0.4}),
+                                            ModelRef(model="c", parameters={"weight": 0.4})],
+        parameters={"weight": 0.9},
+        slices=[{"sources": [{"model": "a", "layer_range": [0, 2]}, {"model": "b", "layer_range": [0, 2]},
+                             {"model": "c", "layer_range": [0, 2], "parameters": {"weight": 0.2}}]}]))
+    plan = build_plan(validated, {m: layout(2) for m in "abc"})
+    _, inputs = resolve_task_parameters(plan, task(plan, "model.layers.0.mlp.up_proj.weight"))
+    assert [p["weight"] for p in inputs[1:]] == [0.4, 0.2]
+
+
+def test_a_filter_that_matches_nothing_falls_through_to_the_next_level():
+    plan = plan_of("""
+merge_method: slerp
+base_model: A
+slices:
+  - sources: [{model: A, layer_range: [0, 3]}, {model: B, layer_range: [0, 3]}]
+    parameters: {t: [{filter: self_attn, value: [0.0, 1.0]}]}
+parameters: {t: 0.25}
+""", {"A": 3, "B": 3})
+    attn = [resolve_task_parameters(plan, task(plan, f"model.layers.{i}.self_attn.q_proj.weight"))[0]["t"]
+            for i in range(3)]
+    mlp = resolve_task_parameters(plan, task(plan, "model.layers.1.mlp.up_proj.weight"))[0]["t"]
+    assert attn == [0.0, 0.5, 1.0] and mlp == 0.25
+
+
+def test_partial_layer_range_writes_only_those_layers():
+    plan = plan_of("""
+merge_method: slerp
+base_model: A
+slices:
+  - sources: [{model: A, layer_range: [0, 3]}, {model: B, layer_range: [0, 3]}]
+parameters: {t: 0.5}
+""", {"A": 5, "B": 5})
+    layers = {t.output_name.split(".")[2] for t in plan.tasks if t.output_name.startswith("model.layers.")}
+    assert layers == {"0", "1", "2"} and plan.output_layers == 3
+    config = output_config(plan, {"num_hidden_layers": 5, "layer_types": ["full", "sliding"] * 2 + ["full"]})
+    assert config["num_hidden_layers"] == 3 and config["layer_types"] == ["full", "sliding", "full"]
+
+
+def test_several_slices_each_with_their_own_sources_ranges_and_t():
+    plan = plan_of("""
+merge_method: slerp
+base_model: A
+slices:
+  - sources: [{model: A, layer_range: [0, 2]}, {model: B, layer_range: [0, 2]}]
+    parameters: {t: [0.0, 1.0]}
+  - sources: [{model: A, layer_range: [3, 4]}, {model: B, layer_range: [2, 3]}]
+    parameters: {t: 0.7}
+""", {"A": 4, "B": 4})
+    last = task(plan, "model.layers.2.mlp.up_proj.weight")
+    assert last.sources == (("A", "model.layers.3.mlp.up_proj.weight"), ("B", "model.layers.2.mlp.up_proj.weight"))
+    ts = [resolve_task_parameters(plan, task(plan, f"model.layers.{i}.mlp.up_proj.weight"))[0]["t"] for i in range(3)]
+    assert ts == [0.0, 1.0, 0.7] and plan.output_layers == 3
+    # embeddings from the first slice's sources, final norm and LM head from the last's, both at t = 0
+    assert task(plan, "lm_head.weight").slice_index == 1 and task(plan, "lm_head.weight").depth == 0.0
+
+
+def test_mergekit_passthrough_is_franken_merge_with_one_source_per_slice():
+    loaded = validate_recipe(load_recipe_yaml("""
 merge_method: passthrough
 slices:
   - sources: [{model: A, layer_range: [0, 3]}]
   - sources: [{model: B, layer_range: [2, 4]}]
-""")
-    assert loaded.strategy == "franken_merge"
-    assert [(s.model, s.layer_range) for s in loaded.slices] == [("A", (0, 3)), ("B", (2, 4))]
+"""))
+    assert (loaded.strategy, loaded.variant) == ("franken_merge", "passthrough")
     assert [m.model for m in loaded.models] == ["A", "B"]
-    validate_recipe(loaded)
 
 
-def test_mergekit_ties_keeps_mergekit_density_default():
-    loaded = load_recipe_yaml("merge_method: ties\nbase_model: b\nmodels: [{model: b}, {model: a}]\n")
-    assert loaded.parameters["density"] == 1.0
+def test_passthrough_scale_resolves_at_every_level():
+    plan = plan_of("""
+merge_method: passthrough
+slices:
+  - sources: [{model: A, layer_range: [0, 1], parameters: {scale: 0.5}}]
+  - sources: [{model: A, layer_range: [1, 2]}]
+    parameters: {scale: [{filter: mlp, value: 2.0}]}
+parameters: {scale: 3.0}
+""", {"A": 2})
+    scale = lambda name: resolve_task_parameters(plan, task(plan, name))[1][0]["scale"]  # noqa: E731
+    assert scale("model.layers.0.mlp.up_proj.weight") == 0.5
+    assert scale("model.layers.1.mlp.up_proj.weight") == 2.0
+    assert scale("model.layers.1.self_attn.q_proj.weight") == 3.0
+
+
+def test_mergekit_ties_epsilon_is_refused_not_ignored():
+    error = refusal("merge_method: ties\nbase_model: b\nmodels: [{model: b}, {model: a, parameters: {weight: 1, "
+                    "density: 0.5}}]\nparameters: {epsilon: 0.1}\n")
+    assert error.code is ErrorCode.VALIDATION_FAILED and error.details["field"] == "parameters.epsilon"
+
+
+def test_mergekit_keeps_mergekit_defaults_and_requires_weight():
+    loaded = validate_recipe(load_recipe_yaml("merge_method: ties\nbase_model: b\nmodels: [{model: b}, {model: a}]\n"))
+    plan = build_plan(loaded, {"a": layout(1), "b": layout(1)})
+    with pytest.raises(AlloyError) as info:
+        resolve_task_parameters(plan, plan.tasks[0])
+    assert info.value.details["parameter"] == "weight"
+
+
+def test_mergekit_methods_needing_a_base_refuse_a_recipe_without_one():
+    error = refusal("merge_method: task_arithmetic\nmodels: [{model: a}, {model: b}]\nparameters: {weight: 1}\n")
+    assert error.details["field"] == "base_model"
+    error = refusal("""
+merge_method: slerp
+base_model: C
+slices:
+  - sources: [{model: A, layer_range: [0, 2]}, {model: B, layer_range: [0, 2]}]
+parameters: {t: 0.5}
+""")
+    assert error.details["field"] == "base_model"
+
+
+@pytest.mark.parametrize("text, field", [
+    ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nname: x\n", "name"),
+    ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer_source: base\n", "tokenizer_source"),
+    ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer: {source: union}\n", "tokenizer"),
+    ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nchat_template: chatml\n", "chat_template"),
+    ("merge_method: linear\nmodels: [{model: a, weight: 1}, {model: b}]\n", "models.0.weight"),
+    ("merge_method: linear\nmodels: [{model: a+lora+more}, {model: b}]\n", "models.0.model"),  # one adapter at most
+    ("merge_method: passthrough\nslices: [{sources: [{model: a, layer_range: [0, 1]}], residual_weight: 0.1}]\n",
+     "slices.0.residual_weight"),
+    ("merge_method: linear\nmodels: [{model: a, parameters: {weight: 1, density: 0.5}}, {model: b}]\n",
+     "models.0.parameters.density"),
+    ("merge_method: ties\nbase_model: a\nmodels: [{model: a}, {model: b, parameters: {normalize: true}}]\n",
+     "models.1.parameters.normalize"),
+])
+def test_every_key_is_honoured_or_refused_by_name(text, field):
+    error = refusal(text)
+    assert error.code is ErrorCode.VALIDATION_FAILED and error.details["field"] == field
 
 
 @pytest.mark.parametrize("text, code", [
-    ("merge_method: model_stock\nmodels: [{model: a}, {model: b}]\n", ErrorCode.INVALID_STRATEGY),
+    ("merge_method: frobnicate\nmodels: [{model: a}, {model: b}]\n", ErrorCode.INVALID_STRATEGY),
     ("just: [a, list]\n", ErrorCode.VALIDATION_FAILED),
     ("strategy: [unclosed\n", ErrorCode.VALIDATION_FAILED),
 ])
@@ -124,11 +333,61 @@ def test_unusable_recipe_files(text, code):
     assert info.value.code is code
 
 
-def test_slerp_model_count_error_says_exactly_two():
-    from alloy.errors import AlloyError
-    from alloy.merge.recipe import MergeRecipe, ModelRef, validate_recipe
+def test_mergekit_values_convert_as_mergekit_reads_them():
+    loaded = validate_recipe(load_recipe_yaml("""
+merge_method: karcher
+models: [{model: a}, {model: b}]
+parameters: {tol: 1e-5, max_iter: 12}
+"""))
+    assert loaded.parameters == {"tol": 1e-5, "max_iter": 12}
+    ties = validate_recipe(load_recipe_yaml("merge_method: ties\nbase_model: a\nmodels: [{model: a}, {model: b, "
+                                            "parameters: {weight: 1, density: [{filter: mlp, value: '0.5'}]}}]\n"
+                                            "parameters: {normalize: 0, int8_mask: 1.0}\n"))
+    assert ties.parameters == {"normalize": False, "int8_mask": True}
+    assert ties.model_parameters("b")["density"] == [{"filter": "mlp", "value": 0.5}]
 
-    recipe = MergeRecipe(strategy="slerp", models=[ModelRef(model=m) for m in ("a", "b", "c")], parameters={"t": 0.5})
-    with pytest.raises(AlloyError) as caught:
-        validate_recipe(recipe)
-    assert "slerp takes exactly 2 models (base model included), got 3" in caught.value.message
+
+@pytest.mark.parametrize("text, field", [
+    ("strategy: ties\nmodels: [a, b]\nbogus: 1\n", "bogus"),
+    ("strategy: ties\nmodels: [a, b]\nmergekit_config: 'x'\n", "mergekit_config"),
+    ("strategy: ties\nslices: [{sources: [{model: a, layer_range: [0, 1], weight: 2}]}]\n",
+     "slices.0.sources.0.weight"),
+])
+def test_alloy_recipes_refuse_unknown_keys_by_name(text, field):
+    with pytest.raises(AlloyError) as info:
+        load_recipe_yaml(text)
+    assert info.value.code is ErrorCode.VALIDATION_FAILED and info.value.details["field"] == field
+
+
+def two_stacks() -> dict[str, TensorMeta]:
+    """A multimodal layout: a 2-layer vision tower and a 3-layer language model."""
+    meta = TensorMeta((4, 4), torch.float32)
+    names = ["language_model.model.embed_tokens.weight", "multi_modal_projector.linear_1.weight"]
+    names += [f"vision_tower.transformer.layers.{i}.attention.q_proj.weight" for i in range(2)]
+    names += [f"language_model.model.layers.{i}.self_attn.q_proj.weight" for i in range(3)]
+    return {n: meta for n in names}
+
+
+def test_each_layer_stack_has_its_own_depth():
+    recipe = validate_recipe(load_recipe_yaml(
+        "merge_method: slerp\nbase_model: A\nmodels: [{model: A}, {model: B}]\nparameters: {t: [0.0, 1.0]}\n"))
+    plan = build_plan(recipe, {"A": two_stacks(), "B": two_stacks()})
+    t = lambda name: resolve_task_parameters(plan, task(plan, name))[0]["t"]  # noqa: E731
+    assert t("vision_tower.transformer.layers.1.attention.q_proj.weight") == 1.0
+    assert t("language_model.model.layers.1.self_attn.q_proj.weight") == 0.5
+    assert plan.output_layers is None  # the config keeps its layer counts
+
+
+def test_slicing_a_model_with_several_layer_stacks_is_refused():
+    recipe = validate_recipe(load_recipe_yaml(
+        "merge_method: passthrough\nslices: [{sources: [{model: A, layer_range: [0, 2]}]}]\n"))
+    with pytest.raises(AlloyError) as info:
+        build_plan(recipe, {"A": two_stacks()})
+    assert info.value.code is ErrorCode.VALIDATION_FAILED and info.value.details["field"] == "slices"
+
+
+def test_alloy_defaults_never_fill_a_parameter_of_another_meaning():
+    # nearswap's t is a distance threshold (required), not slerp's interpolation factor
+    recipe_ = validate_recipe(recipe("task_arithmetic", ("a", "b"), variant="nearswap"))
+    assert "t" not in recipe_.parameters
+    assert validate_recipe(recipe("slerp", ("a", "b"))).parameters["t"] == 0.5

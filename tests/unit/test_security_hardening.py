@@ -71,7 +71,11 @@ def test_confined_path(tmp_path):
         with pytest.raises(AlloyError) as caught:
             confined_path(bad, [root])
         assert caught.value.code is ErrorCode.VALIDATION_FAILED
-        assert str(tmp_path) not in caught.value.message  # roots are not revealed
+        # Outside: the allowed roots are named (the client needs them); where the candidate led is not.
+        assert str(outside) not in caught.value.message
+        if bad and "\x00" not in bad:
+            assert str(root.resolve()) in caught.value.message
+            assert caught.value.details["allowed_roots"] == [str(root.resolve())]
 
 
 # -- no unsafe deserialisation ---------------------------------------------------------------------------------

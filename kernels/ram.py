@@ -1,0 +1,67 @@
+"""Reinforced Agent Merging (mergekit's ram and ramplus_tl): entries changed by only one model keep that model's
+change, entries changed by several get the mean of their changes. A change counts when ``|x_i - base| > epsilon``.
+
+ramplus_tl also scales each model's unique changes by ``1 + r * clamp(rho, 0, alpha)``, with rho the model's
+count of shared changes over its count of unique ones (in this tensor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels.task_arithmetic import task_vector
+
+
+def _changed(model: torch.Tensor, base: torch.Tensor, epsilon: float) -> torch.Tensor:
+    return torch.sub(model.to(torch.float32), base.to(torch.float32)).abs_() > epsilon
+
+
+def _change_counts(base, models, epsilon) -> torch.Tensor:
+    """Per entry, how many models change it (a small integer type: the counts never exceed the model count)."""
+    counts = torch.zeros(base.shape, dtype=torch.uint8 if len(models) < 256 else torch.int32, device=base.device)
+    for model in models:
+        counts.add_(_changed(model, base, epsilon))
+    return counts
+
+
+def ram(base: torch.Tensor, models: Sequence[torch.Tensor], epsilon: float = 1e-5, *, r: float = 0.0,
+        alpha: float = 0.0, owned: bool = False) -> torch.Tensor:
+    """``r = 0`` is plain RAM; ``r > 0`` is RAM+ (tensor-local). Two passes over the models (count the changes,
+    then combine them), so no task vector is kept longer than one model's turn."""
+    if not models:
+        return base.to(torch.float32).clone()
+    counts = _change_counts(base, models, epsilon)
+    unique = counts == 1
+    overlap = counts > 1
+    divisor = counts.clamp(min=1).to(torch.float32)
+    del counts
+    out = torch.zeros(base.shape, dtype=torch.float32, device=base.device)
+    for model in models:
+        delta = task_vector(model, base, owned)
+        changed = delta.abs() > epsilon
+        delta.mul_(changed)
+        scale = 1.0
+        if r:
+            rho = float((changed & overlap).sum()) / max(float((changed & unique).sum()), epsilon)
+            scale = 1 + r * min(max(rho, 0.0), alpha)
+        del changed
+        # unique and overlap are disjoint, so adding the two parts one after the other gives mergekit's bits
+        own = delta * unique
+        out.add_(own.mul_(scale) if scale != 1.0 else own)
+        del own
+        out.add_(delta.div_(divisor).mul_(overlap))
+        del delta
+    return out.add_(base.to(torch.float32))
+
+
+def merge_ram(tensors, base_index, global_params, model_params, generator, owned=False):
+    others = [t for i, t in enumerate(tensors) if i != base_index]
+    return ram(tensors[base_index], others, float(global_params["epsilon"]), owned=owned)
+
+
+def merge_ramplus_tl(tensors, base_index, global_params, model_params, generator, owned=False):
+    others = [t for i, t in enumerate(tensors) if i != base_index]
+    return ram(tensors[base_index], others, float(global_params["epsilon"]), r=float(global_params["r"]),
+               alpha=float(global_params["alpha"]), owned=owned)
