@@ -21,8 +21,8 @@ import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from alloy.http_port import DEFAULT_HTTP_PORT
 from alloy.errors import AlloyError, ErrorCode, from_validation_error
+from alloy.http_port import DEFAULT_HTTP_PORT
 
 DEFAULT_CONFIG_PATH = Path("configs/alloy.yaml")
 
@@ -64,7 +64,9 @@ class AuthSettings(BaseModel):
 class ServerSettings(BaseModel):
     public_url: str | None = Field(None, description="Base of absolute URLs; default: the request's base URL")
     max_body_bytes: int = Field(1024 * 1024, gt=0)
-    port: int = Field(DEFAULT_HTTP_PORT, ge=1, le=65535, description="HTTP port of `alloy start` (when free; --port overrides)")
+    port: int = Field(
+        DEFAULT_HTTP_PORT, ge=1, le=65535, description="HTTP port of `alloy start` (when free; --port overrides)"
+    )
 
 
 class MergeSettings(BaseModel):

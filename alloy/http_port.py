@@ -27,12 +27,17 @@ def choose_http_port(requested: int | None, configured: int) -> int | None:
     """The port to serve on, or None: let the caller fall back to a free one (only when none was asked for)."""
     if requested is not None:
         if requested in RESERVED_PORTS:
-            raise AlloyError(ErrorCode.VALIDATION_FAILED,
-                             f"port {requested} is reserved (6379, 8000, 8265, 10002-19999); choose another",
-                             {"field": "port"})
+            raise AlloyError(
+                ErrorCode.VALIDATION_FAILED,
+                f"port {requested} is reserved (6379, 8000, 8265, 10002-19999); choose another",
+                {"field": "port"},
+            )
         if not port_is_free(requested):
-            raise AlloyError(ErrorCode.CONFLICT, f"port {requested} is in use; choose another with --port",
-                             {"field": "port", "port": requested})
+            raise AlloyError(
+                ErrorCode.CONFLICT,
+                f"port {requested} is in use; choose another with --port",
+                {"field": "port", "port": requested},
+            )
         return requested
     if configured not in RESERVED_PORTS and port_is_free(configured):
         return configured

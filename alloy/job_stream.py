@@ -70,8 +70,9 @@ class JobFollower:
         # The job first, then its history: a terminal state in the row is then always in the history read
         # after it (both are written in one transaction), so the stream never ends before its last state.
         job = self.jobs.get(self.job_id)
-        out = [StreamEvent("state", str(e.id), state_data(e))
-               for e in self.jobs.events(self.job_id) if e.id > self.after]
+        out = [
+            StreamEvent("state", str(e.id), state_data(e)) for e in self.jobs.events(self.job_id) if e.id > self.after
+        ]
         if out:
             self.after = int(out[-1].id)
         if job.state.terminal:
@@ -82,8 +83,13 @@ class JobFollower:
         if progress and progress != self._progress:
             self._progress = progress
             self._progress_seq += 1
-            out.append(StreamEvent("progress", f"{self.after}.{self._progress_seq}",
-                                   {"job_id": job.id, "state": job.state.value, **progress}))
+            out.append(
+                StreamEvent(
+                    "progress",
+                    f"{self.after}.{self._progress_seq}",
+                    {"job_id": job.id, "state": job.state.value, **progress},
+                )
+            )
         return out
 
 
@@ -91,4 +97,3 @@ def follow(jobs: JobStore, job_id: str, last_event_id: str | None = None, **opti
     """A follower of ``job_id`` resuming after ``last_event_id``; an unknown job raises NOT_FOUND now."""
     jobs.get(job_id)
     return JobFollower(jobs, job_id, after=parse_last_event_id(last_event_id), **options)
-

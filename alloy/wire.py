@@ -12,9 +12,9 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from alloy.evaluation.results import EvalResult
-from alloy.jobs.store import JobEvent, JobKind, JobRecord, JobState  # noqa: F401 - JobEvent re-exported
 from alloy.ids import ResourceId
 from alloy.jobs.merge_request import EvaluateSpec, MergeRequest  # noqa: F401 - re-exported
+from alloy.jobs.store import JobEvent, JobKind, JobRecord, JobState  # noqa: F401 - JobEvent re-exported
 
 T = TypeVar("T")
 
@@ -63,18 +63,28 @@ class JobView(BaseModel):
     progress_url: str
 
     @classmethod
-    def from_record(cls, job: JobRecord, progress_url: str) -> "JobView":
+    def from_record(cls, job: JobRecord, progress_url: str) -> JobView:
         progress = job.progress or {}
         percent = 100.0 if job.state is JobState.COMPLETED else float(progress.get("percent") or 0.0)
         return cls(
-            job_id=job.id, kind=job.kind, state=job.state, percent=min(max(percent, 0.0), 100.0),
-            stage=progress.get("stage"), tensors_done=progress.get("tensors_done"),
-            tensors_total=progress.get("tensors_total"), bytes_done=progress.get("bytes_done"),
-            bytes_total=progress.get("bytes_total"), bytes_per_s=progress.get("bytes_per_s"),
-            attempts=job.attempts, created_at=job.created_at, updated_at=job.updated_at,
-            started_at=job.started_at, finished_at=job.finished_at,
+            job_id=job.id,
+            kind=job.kind,
+            state=job.state,
+            percent=min(max(percent, 0.0), 100.0),
+            stage=progress.get("stage"),
+            tensors_done=progress.get("tensors_done"),
+            tensors_total=progress.get("tensors_total"),
+            bytes_done=progress.get("bytes_done"),
+            bytes_total=progress.get("bytes_total"),
+            bytes_per_s=progress.get("bytes_per_s"),
+            attempts=job.attempts,
+            created_at=job.created_at,
+            updated_at=job.updated_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
             model_id=(job.result or {}).get("model_id") if job.state is JobState.COMPLETED else None,
-            error=JobErrorView(**job.error.model_dump()) if job.error else None, result=job.result,
+            error=JobErrorView(**job.error.model_dump()) if job.error else None,
+            result=job.result,
             progress_url=progress_url,
         )
 

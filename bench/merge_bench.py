@@ -53,6 +53,7 @@ class Usage:
 
 # --- models ----------------------------------------------------------------------------------------------------
 
+
 def build_models(root: Path, args) -> list[Path]:
     """base, tune1..tuneN as sharded safetensors folders (reused when already built with the same shapes)."""
     import torch
@@ -61,9 +62,15 @@ def build_models(root: Path, args) -> list[Path]:
     from safetensors.torch import save_file
 
     config = transformers.LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-        num_key_value_heads=max(1, args.hidden // 64), tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(1, args.hidden // 64),
+        num_key_value_heads=max(1, args.hidden // 64),
+        tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+    )
     names = ["base"] + [f"tune{i + 1}" for i in range(args.tunes)]
     folders = [root / name for name in names]
     stamp = json.dumps([args.hidden, args.intermediate, args.layers, args.vocab, args.shard_mb])
@@ -75,8 +82,11 @@ def build_models(root: Path, args) -> list[Path]:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         config.save_pretrained(str(folder))
-        tensors = base if folder.name == "base" else {
-            k: v + torch.randn(v.shape, generator=generator) * 0.002 for k, v in base.items()}
+        tensors = (
+            base
+            if folder.name == "base"
+            else {k: v + torch.randn(v.shape, generator=generator) * 0.002 for k, v in base.items()}
+        )
         split = split_torch_state_dict_into_shards(tensors, max_shard_size=args.shard_mb * 1024**2)
         for filename, keys in split.filename_to_tensors.items():
             save_file({k: tensors[k].contiguous() for k in keys}, str(folder / filename), metadata={"format": "pt"})
@@ -95,7 +105,11 @@ def layer_shapes(args) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{layer}."
         shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
         shapes |= {p + f"self_attn.{proj}_proj.weight": (h, h) for proj in "qkvo"}
-        shapes |= {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i)}
+        shapes |= {
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        }
     return shapes | {"model.norm.weight": (h,), "lm_head.weight": (args.vocab, h)}
 
 
@@ -113,6 +127,7 @@ def recipe_yaml(method: str, folders: list[Path]) -> str:
 
 
 # --- runs --------------------------------------------------------------------------------------------------------
+
 
 def timed(command: list[str], env: dict | None = None) -> Usage:
     """Run ``command`` in its own process; wall, CPU and peak RSS of that process alone (os.wait4)."""
@@ -132,8 +147,16 @@ def run_alloy(config: Path, out: Path) -> Usage:
 
 
 def run_mergekit(python: Path, config: Path, out: Path) -> Usage:
-    command = [str(python.parent / "mergekit-yaml"), str(config), str(out), "--no-copy-tokenizer", "--quiet",
-               "--allow-crimes", "--random-seed", "0"]
+    command = [
+        str(python.parent / "mergekit-yaml"),
+        str(config),
+        str(out),
+        "--no-copy-tokenizer",
+        "--quiet",
+        "--allow-crimes",
+        "--random-seed",
+        "0",
+    ]
     return timed(command, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
@@ -176,10 +199,13 @@ def mergekit_python(args) -> Path | None:
 
 # --- report ----------------------------------------------------------------------------------------------------
 
+
 def row(method: str, tool: str, usage: Usage, floor: Usage, note: str = "") -> str:
-    return (f"{method:17s} {tool:9s} {usage.wall_s:7.1f} {usage.cpu_s:7.1f} {usage.peak_rss / 1e9:6.2f} "
-            f"{usage.wall_s / floor.wall_s:6.2f}x {usage.cpu_s / floor.cpu_s:6.2f}x "
-            f"{usage.peak_rss / floor.peak_rss:6.2f}x  {note}")
+    return (
+        f"{method:17s} {tool:9s} {usage.wall_s:7.1f} {usage.cpu_s:7.1f} {usage.peak_rss / 1e9:6.2f} "
+        f"{usage.wall_s / floor.wall_s:6.2f}x {usage.cpu_s / floor.cpu_s:6.2f}x "
+        f"{usage.peak_rss / floor.peak_rss:6.2f}x  {note}"
+    )
 
 
 def main() -> None:
@@ -204,12 +230,18 @@ def main() -> None:
     shards = len(list(folders[0].glob("*.safetensors")))
     python = mergekit_python(args)
     load = os.getloadavg()
-    print(f"models: base + {args.tunes} tunes, {size / 1e9:.2f} GB fp32 each in {shards} shards "
-          f"(hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}); built/found in "
-          f"{time.perf_counter() - started:.0f}s; {os.cpu_count()} CPUs, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
-          f"mergekit: {python or 'not run'}", flush=True)
-    print(f"{'method':17s} {'tool':9s} {'wall s':>7s} {'cpu s':>7s} {'RSS GB':>6s} {'wall/floor':>7s} "
-          f"{'cpu/floor':>7s} {'RSS/floor':>7s}", flush=True)
+    print(
+        f"models: base + {args.tunes} tunes, {size / 1e9:.2f} GB fp32 each in {shards} shards "
+        f"(hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}); built/found in "
+        f"{time.perf_counter() - started:.0f}s; {os.cpu_count()} CPUs, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+        f"mergekit: {python or 'not run'}",
+        flush=True,
+    )
+    print(
+        f"{'method':17s} {'tool':9s} {'wall s':>7s} {'cpu s':>7s} {'RSS GB':>6s} {'wall/floor':>7s} "
+        f"{'cpu/floor':>7s} {'RSS/floor':>7s}",
+        flush=True,
+    )
     floors: dict[tuple[str, str], Usage] = {}
     for method in args.methods.split(","):
         scope = METHODS[method][0]

@@ -59,7 +59,13 @@ def merge_rows(
     dare_drop: float,
     dare_lambdas: list[float],
 ) -> list[Row]:
-    rows = [Row("uniform average", "average", MergeRecipe(strategy="task_arithmetic", variant="linear", models=[{"model": m} for m in tune_ids]))]
+    rows = [
+        Row(
+            "uniform average",
+            "average",
+            MergeRecipe(strategy="task_arithmetic", variant="linear", models=[{"model": m} for m in tune_ids]),
+        )
+    ]
     for lam in lambdas:
         rows.append(
             Row(
@@ -273,7 +279,11 @@ def perplexity_rows(base: ModelEntry, tunes: list[ModelEntry], num_layers: int) 
     rows = []
     if len(ids) >= 2:
         rows.append(
-            Row("uniform average", "average", MergeRecipe(strategy="task_arithmetic", variant="linear", models=[{"model": m} for m in ids]))
+            Row(
+                "uniform average",
+                "average",
+                MergeRecipe(strategy="task_arithmetic", variant="linear", models=[{"model": m} for m in ids]),
+            )
         )
         for lam in (0.5, 1.0):
             rows.append(

@@ -57,8 +57,11 @@ class SearchSettings(BaseModel):
     cpus_per_trial: float = Field(0.5, gt=0, le=64)
     gpus_per_trial: float = Field(0.0, ge=0, le=8)
     max_concurrent_trials: int | None = Field(None, ge=1)
-    seed: int = Field(0, description="one seed, one run: the initial population, PBT's donors and steps, CMA-ES "
-                                     "and every trial's random generators are drawn from it")
+    seed: int = Field(
+        0,
+        description="one seed, one run: the initial population, PBT's donors and steps, CMA-ES "
+        "and every trial's random generators are drawn from it",
+    )
 
 
 class EvolutionSpec(BaseModel):

@@ -89,6 +89,7 @@ def cached_scorer(spec: ScorerSpec, data) -> CandidateScorer:
 
 # --- one fitness per genome ------------------------------------------------------------------------------------
 
+
 def genome_key(space, genome: Mapping[str, float]) -> str:
     """A genome's identity: the recipe it decodes to, as canonical JSON. Two genomes that merge the same recipe
     (genes equal to the decoder's 6 decimals, or franken genes flooring to the same slices) are one genome."""

@@ -86,8 +86,9 @@ class GenomePBT(PopulationBasedTraining):
     handed out (:class:`FitnessLedger`). Donors are drawn from the scheduler's own generator seeded by ``seed``
     (Ray's PBT uses the unseeded global ``random``), so one seed gives one run."""
 
-    def __init__(self, *, space: GenomeSpace | None = None, explorer: GenomeExplorer | None = None, seed: int = 0,
-                 **kwargs):
+    def __init__(
+        self, *, space: GenomeSpace | None = None, explorer: GenomeExplorer | None = None, seed: int = 0, **kwargs
+    ):
         if explorer is not None:
             kwargs.setdefault("custom_explore_fn", explorer)
         super().__init__(**kwargs)
@@ -255,7 +256,8 @@ def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tun
     """The TuneConfig and param space of one search kind."""
     if settings.kind == "pbt":
         scheduler = GenomePBT(
-            space=space, seed=settings.seed,
+            space=space,
+            seed=settings.seed,
             explorer=GenomeExplorer(space, settings.sigma, settings.resample_probability, settings.seed),
             time_attr="generation",  # see GenomePBT
             perturbation_interval=1,  # one exploit/explore round per generation
@@ -328,10 +330,17 @@ def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.Tun
     # CMA-ES asks a generation at a time; never more candidates in flight than one generation. ``batch``: the
     # next candidates are asked only once every one in flight is told, so what CMA-ES has been told when it
     # asks (hence what it asks) never depends on which trial finished first: one seed gives one run.
-    limited = OrdinalLimiter(searcher, max_concurrent=min(settings.population,
-                                                          settings.max_concurrent_trials or settings.population),
-                             batch=True, space=space)
+    limited = OrdinalLimiter(
+        searcher,
+        max_concurrent=min(settings.population, settings.max_concurrent_trials or settings.population),
+        batch=True,
+        space=space,
+    )
     return tune.TuneConfig(
-        metric=METRIC, mode=MODE, search_alg=limited, num_samples=settings.population * settings.generations,
-        time_budget_s=settings.time_budget_s, reuse_actors=True,
+        metric=METRIC,
+        mode=MODE,
+        search_alg=limited,
+        num_samples=settings.population * settings.generations,
+        time_budget_s=settings.time_budget_s,
+        reuse_actors=True,
     )

@@ -82,6 +82,7 @@ def seed_sources(seed: int, generation: int) -> None:
     numpy.random.seed(value)
     torch.manual_seed(value)
 
+
 def rotating_batch(generation: int, size: int, batch_size: int | None, seed: int) -> list[int] | None:
     """The dev examples scored at ``generation`` (1-based): a fixed seeded permutation cut into consecutive
     windows, so every candidate of one generation is compared on the same examples and successive generations
@@ -120,8 +121,13 @@ def _resume_state(trial_id: str, config: dict[str, Any], incarnation: str) -> Ca
         # forced shutdown the folder the snapshot names may hold a generation whose result the killed driver
         # never processed (never recorded). Re-running it records it; when it was recorded, the rerun
         # (deterministic: same genome, same batch, seeded merge) replaces the record with the same values.
-        return CandidateState(trial_id=trial_id, candidate_id=own.parent_candidate,
-                              generation=own.generation - 1, genome=own.genome, rerun=True)
+        return CandidateState(
+            trial_id=trial_id,
+            candidate_id=own.parent_candidate,
+            generation=own.generation - 1,
+            genome=own.genome,
+            rerun=True,
+        )
     return own
 
 
@@ -163,9 +169,17 @@ def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any
         else:
             result = _score(space, genome, tensors, scorer, setup, generation, parent_candidate, trial_id)
             candidate_id = result["candidate_id"]
-        _report(result, CandidateState(trial_id=trial_id, candidate_id=candidate_id, generation=generation,
-                                       genome=genome, parent_candidate=parent_candidate,
-                                       incarnation=setup.incarnation))
+        _report(
+            result,
+            CandidateState(
+                trial_id=trial_id,
+                candidate_id=candidate_id,
+                generation=generation,
+                genome=genome,
+                parent_candidate=parent_candidate,
+                incarnation=setup.incarnation,
+            ),
+        )
         parent_candidate = candidate_id
         if setup.ordinal_generations:
             return
@@ -186,10 +200,17 @@ def _step(space: GenomeSpace, genome: Genome, seed: int, generation: int) -> Gen
     return space.sample(rng)
 
 
-def _score(space: GenomeSpace, genome: Genome, tensors, scorer, setup: TrialSetup, generation: int,
-           parent_candidate: str | None, trial_id: str) -> dict[str, Any]:
+def _score(
+    space: GenomeSpace,
+    genome: Genome,
+    tensors,
+    scorer,
+    setup: TrialSetup,
+    generation: int,
+    parent_candidate: str | None,
+    trial_id: str,
+) -> dict[str, Any]:
     """Merge and score one candidate; its result row."""
-    from alloy.merge.executor import merge_state_dicts
 
     recipe = space.decode(genome)
     started = time.perf_counter()
@@ -213,8 +234,9 @@ def _score(space: GenomeSpace, genome: Genome, tensors, scorer, setup: TrialSetu
     }
 
 
-def _repeat_result(known: FitnessRecord, genome: Genome, generation: int,
-                   parent_candidate: str | None) -> dict[str, Any]:
+def _repeat_result(
+    known: FitnessRecord, genome: Genome, generation: int, parent_candidate: str | None
+) -> dict[str, Any]:
     """The result of a genome the run already scored: its recorded fitness, and no ``candidate_id`` (the
     candidate callback records only rows that have one)."""
     return {

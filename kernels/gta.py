@@ -53,7 +53,11 @@ def _needs(generator: torch.Generator | None) -> torch.Generator:
 
 
 SPARSIFIERS: dict[str, Sparsifier] = {
-    "magnitude": _magnitude, "random": _bernoulli, "magnitude_outliers": _outliers, "della_magprune": _della}
+    "magnitude": _magnitude,
+    "random": _bernoulli,
+    "magnitude_outliers": _outliers,
+    "della_magprune": _della,
+}
 
 
 def weight_sum(weights: Sequence[float]) -> float:
@@ -61,10 +65,19 @@ def weight_sum(weights: Sequence[float]) -> float:
     return float(torch.tensor([float(w) for w in weights], dtype=torch.float32).sum())
 
 
-def generalized_task_arithmetic(base: torch.Tensor, models: Sequence[torch.Tensor],
-                                model_params: Sequence[Mapping[str, Any]], *, sparsifier: str | None,
-                                consensus: bool, normalize: bool, rescale: bool, lam: float,
-                                generator: torch.Generator | None = None, owned: bool = False) -> torch.Tensor:
+def generalized_task_arithmetic(
+    base: torch.Tensor,
+    models: Sequence[torch.Tensor],
+    model_params: Sequence[Mapping[str, Any]],
+    *,
+    sparsifier: str | None,
+    consensus: bool,
+    normalize: bool,
+    rescale: bool,
+    lam: float,
+    generator: torch.Generator | None = None,
+    owned: bool = False,
+) -> torch.Tensor:
     """``base + lambda * combine(w_i * sparsify(x_i - base))``; each of ``model_params`` holds ``weight`` and what
     the sparsifier reads (``density``, ``gamma``, ``epsilon``). No models: the base itself (as float32)."""
     if not models:
@@ -95,8 +108,9 @@ def generalized_task_arithmetic(base: torch.Tensor, models: Sequence[torch.Tenso
     return mixed.add_(base.to(torch.float32))
 
 
-def _chunked_consensus(base: torch.Tensor, deltas: list[torch.Tensor], weights: Sequence[float], lam: float,
-                       normalize: bool) -> torch.Tensor:
+def _chunked_consensus(
+    base: torch.Tensor, deltas: list[torch.Tensor], weights: Sequence[float], lam: float, normalize: bool
+) -> torch.Tensor:
     """:func:`kernels.ties.sign_consensus` applied piece by piece (it is elementwise, so the bits are the same):
     its temporaries (elected signs, agreement masks, divisor) stay piece-sized and in cache instead of several
     tensor-sized allocations; the result is written into the first delta's buffer."""
@@ -117,8 +131,16 @@ def kernel(sparsifier: str | None, consensus: bool):
     def merge(tensors, base_index, global_params, model_params, generator, owned=False):
         base, others, params = split_base(tensors, base_index, model_params)
         return generalized_task_arithmetic(
-            base, others, params, sparsifier=sparsifier, consensus=consensus,
-            normalize=bool(global_params["normalize"]), rescale=bool(global_params["rescale"]),
-            lam=float(global_params["lambda"]), generator=generator, owned=owned)
+            base,
+            others,
+            params,
+            sparsifier=sparsifier,
+            consensus=consensus,
+            normalize=bool(global_params["normalize"]),
+            rescale=bool(global_params["rescale"]),
+            lam=float(global_params["lambda"]),
+            generator=generator,
+            owned=owned,
+        )
 
     return merge

@@ -40,7 +40,7 @@ def iso_c_delta(deltas: list[torch.Tensor]) -> torch.Tensor:
     return s.mean() * (u @ vh)
 
 
-def subspace_sizes(shape: tuple[int, int], tasks: int, common_fraction: float) -> tuple[int, int]:
+def subspace_sizes(shape: tuple[int, ...], tasks: int, common_fraction: float) -> tuple[int, int]:
     """``(k_c, per-task k)``: the common rank and each task's specific rank, ``k_c + T * k <= min(m, n)``."""
     full = min(shape)
     common = int(full * common_fraction)

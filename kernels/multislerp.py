@@ -18,8 +18,15 @@ from kernels.reductions import stable_dot
 from kernels.task_arithmetic import task_vector
 
 
-def multislerp(models: Sequence[torch.Tensor], weights: Sequence[float], base: torch.Tensor | None = None, *,
-               normalize_weights: bool = True, eps: float = 1e-8, owned: bool = False) -> torch.Tensor:
+def multislerp(
+    models: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    base: torch.Tensor | None = None,
+    *,
+    normalize_weights: bool = True,
+    eps: float = 1e-8,
+    owned: bool = False,
+) -> torch.Tensor:
     if len(models) == 1:  # mergekit returns the model itself, even with a base
         return models[0].to(torch.float32).clone()
     vectors = [task_vector(m, base, owned) if base is not None else m.to(torch.float32) for m in models]
@@ -38,8 +45,10 @@ def multislerp(models: Sequence[torch.Tensor], weights: Sequence[float], base: t
     if mean_norm < eps:
         if len(vectors) != 2:
             raise InvalidParameterError(
-                "weight", "the weighted mean of the models' directions is zero (antipodal models with balancing "
-                          "weights); choose other weights")
+                "weight",
+                "the weighted mean of the models' directions is zero (antipodal models with balancing "
+                "weights); choose other weights",
+            )
         out = vectors[0].mul(weights[0]).add_(vectors[1] * weights[1])  # mergekit's linear fallback
         return out.add_(base.to(torch.float32)) if base is not None else out
     mean.div_(mean_norm)
@@ -61,6 +70,11 @@ def multislerp(models: Sequence[torch.Tensor], weights: Sequence[float], base: t
 def merge(tensors, base_index, global_params, model_params, generator, owned=False):
     others = [i for i in range(len(tensors)) if i != base_index]
     base = tensors[base_index] if base_index is not None else None
-    return multislerp([tensors[i] for i in others], [model_params[i]["weight"] for i in others], base,
-                      normalize_weights=bool(global_params["normalize_weights"]), eps=float(global_params["eps"]),
-                      owned=owned)
+    return multislerp(
+        [tensors[i] for i in others],
+        [model_params[i]["weight"] for i in others],
+        base,
+        normalize_weights=bool(global_params["normalize_weights"]),
+        eps=float(global_params["eps"]),
+        owned=owned,
+    )

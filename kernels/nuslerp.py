@@ -26,8 +26,9 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
     return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=NORM_FLOOR)
 
 
-def nuslerp(t: float, v0: torch.Tensor, v1: torch.Tensor, *, row_wise: bool = False,
-            flatten: bool = True) -> torch.Tensor:
+def nuslerp(
+    t: float, v0: torch.Tensor, v1: torch.Tensor, *, row_wise: bool = False, flatten: bool = True
+) -> torch.Tensor:
     """``v0`` at ``t = 0``, ``v1`` at ``t = 1``; float32 result of ``v0``'s shape."""
     shape = v0.shape
     v0, v1 = v0.to(torch.float32), v1.to(torch.float32)
@@ -36,7 +37,7 @@ def nuslerp(t: float, v0: torch.Tensor, v1: torch.Tensor, *, row_wise: bool = Fa
     elif row_wise:
         v0, v1 = v0.transpose(0, -1), v1.transpose(0, -1)
     cos = (_unit(v0) * _unit(v1)).sum(dim=-1, keepdim=True).clamp(-1, 1)
-    colinear = (1 - cos.square()) <= COLINEAR_EPS ** 2
+    colinear = (1 - cos.square()) <= COLINEAR_EPS**2
     theta = torch.acos(torch.where(colinear, 0, cos))
     sin_theta = torch.sin(theta)
     spherical = (torch.sin((1 - t) * theta) * v0 + torch.sin(t * theta) * v1) / sin_theta
@@ -56,5 +57,4 @@ def merge(tensors, base_index, global_params, model_params, generator, owned=Fal
     if base_index is None:
         return nuslerp(t, a, b, **options)
     base = tensors[base_index]
-    return nuslerp(t, task_vector(a, base, owned), task_vector(b, base, owned), **options).add_(
-        base.to(torch.float32))
+    return nuslerp(t, task_vector(a, base, owned), task_vector(b, base, owned), **options).add_(base.to(torch.float32))

@@ -26,8 +26,15 @@ def _change_counts(base, models, epsilon) -> torch.Tensor:
     return counts
 
 
-def ram(base: torch.Tensor, models: Sequence[torch.Tensor], epsilon: float = 1e-5, *, r: float = 0.0,
-        alpha: float = 0.0, owned: bool = False) -> torch.Tensor:
+def ram(
+    base: torch.Tensor,
+    models: Sequence[torch.Tensor],
+    epsilon: float = 1e-5,
+    *,
+    r: float = 0.0,
+    alpha: float = 0.0,
+    owned: bool = False,
+) -> torch.Tensor:
     """``r = 0`` is plain RAM; ``r > 0`` is RAM+ (tensor-local). Two passes over the models (count the changes,
     then combine them), so no task vector is kept longer than one model's turn."""
     if not models:
@@ -63,5 +70,11 @@ def merge_ram(tensors, base_index, global_params, model_params, generator, owned
 
 def merge_ramplus_tl(tensors, base_index, global_params, model_params, generator, owned=False):
     others = [t for i, t in enumerate(tensors) if i != base_index]
-    return ram(tensors[base_index], others, float(global_params["epsilon"]), r=float(global_params["r"]),
-               alpha=float(global_params["alpha"]), owned=owned)
+    return ram(
+        tensors[base_index],
+        others,
+        float(global_params["epsilon"]),
+        r=float(global_params["r"]),
+        alpha=float(global_params["alpha"]),
+        owned=owned,
+    )

@@ -8,7 +8,7 @@ Work is done in chunks so that the float64 scratch stays small for embedding-siz
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

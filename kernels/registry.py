@@ -16,8 +16,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kernels import (arcee_fusion, gta, iso, karcher, linear, model_stock, multislerp, nearswap, nuslerp, passthrough,
-                     ram, sce, slerp, tsv)
+from kernels import (
+    arcee_fusion,
+    gta,
+    iso,
+    karcher,
+    linear,
+    model_stock,
+    multislerp,
+    nearswap,
+    nuslerp,
+    passthrough,
+    ram,
+    sce,
+    slerp,
+    tsv,
+)
 from kernels.errors import InvalidParameterError, UnknownStrategyError
 from kernels.params import is_filter_list, is_gradient, is_scalar, scalar_points
 
@@ -48,20 +62,26 @@ class ParamSpec:
             self._check_range(float(value))
         elif self.type is bool:
             legal_form = isinstance(value, bool) or (
-                is_filter_list(value) and all(isinstance(e["value"], bool) for e in value))
+                is_filter_list(value) and all(isinstance(e["value"], bool) for e in value)
+            )
             if not legal_form:
                 raise InvalidParameterError(self.name, f"expected true/false (or a filter list of them), got {value!r}")
         else:
             if not (is_scalar(value) or is_gradient(value) or is_filter_list(value)):
                 raise InvalidParameterError(
-                    self.name, f"expected a number, a gradient list of numbers or a filter list, got {value!r}")
+                    self.name, f"expected a number, a gradient list of numbers or a filter list, got {value!r}"
+                )
             if is_filter_list(value):
                 for entry in value:
                     if not (entry.get("filter") is None or isinstance(entry["filter"], str)):
                         raise InvalidParameterError(self.name, f"filter must be a string, got {entry['filter']!r}")
-                    if not ((is_scalar(entry["value"]) and not isinstance(entry["value"], bool))
-                            or is_gradient(entry["value"])):
-                        raise InvalidParameterError(self.name, f"filter value must be a number or gradient, got {entry['value']!r}")
+                    if not (
+                        (is_scalar(entry["value"]) and not isinstance(entry["value"], bool))
+                        or is_gradient(entry["value"])
+                    ):
+                        raise InvalidParameterError(
+                            self.name, f"filter value must be a number or gradient, got {entry['value']!r}"
+                        )
             for point in scalar_points(value):
                 if isinstance(point, bool):
                     raise InvalidParameterError(self.name, f"expected a number, got {point!r}")
@@ -131,22 +151,36 @@ class MethodSpec:
         has_base = has_base and self.base != "ignored"
         _check_count(self.name, "models", count, self.min_models, self.max_models)
         if self.min_non_base is not None or self.max_non_base is not None:
-            _check_count(self.name, "models besides the base", count - int(has_base), self.min_non_base or 0,
-                         self.max_non_base)
+            _check_count(
+                self.name, "models besides the base", count - int(has_base), self.min_non_base or 0, self.max_non_base
+            )
 
 
 def _check_count(method: str, what: str, count: int, minimum: int, maximum: int | None) -> None:
     if count < minimum or (maximum is not None and count > maximum):
-        wanted = (f"exactly {minimum}" if minimum == maximum else
-                  f"at least {minimum}" if maximum is None else f"{minimum} to {maximum}")
+        wanted = (
+            f"exactly {minimum}"
+            if minimum == maximum
+            else f"at least {minimum}"
+            if maximum is None
+            else f"{minimum} to {maximum}"
+        )
         raise InvalidParameterError("models", f"{method} takes {wanted} {what}, got {count}")
 
 
 UNLIMITED = 1 << 30  # mergekit sets no upper bound; the service caps the model count itself
 
 
-def _p(name: str, type_: type, default: Any, scope: Scope = "global", minimum: float | None = None,
-       maximum: float | None = None, description: str = "", required: bool = False) -> ParamSpec:
+def _p(
+    name: str,
+    type_: type,
+    default: Any,
+    scope: Scope = "global",
+    minimum: float | None = None,
+    maximum: float | None = None,
+    description: str = "",
+    required: bool = False,
+) -> ParamSpec:
     return ParamSpec(name, type_, default, scope, minimum, maximum, description=description, required=required)
 
 
@@ -157,112 +191,328 @@ def _required_weight(scope: Scope = "per_model") -> ParamSpec:
 def _gta_params(sparsifier: str | None, normalize: bool, rescale: bool) -> tuple[ParamSpec, ...]:
     params = [
         _p("int8_mask", bool, False, description="mergekit stores its sign mask as int8 (memory only): no effect here"),
-        _p("normalize", bool, normalize, description="divide the combined task vector by the sum of the weights "
-                                                     "(of the models that agree with the elected sign, with consensus)"),
-        _p("rescale", bool, rescale, description="after pruning, scale the task vector back to its L1 norm"
-                                                 + ("" if sparsifier else " (no pruning here: no effect)")),
+        _p(
+            "normalize",
+            bool,
+            normalize,
+            description="divide the combined task vector by the sum of the weights "
+            "(of the models that agree with the elected sign, with consensus)",
+        ),
+        _p(
+            "rescale",
+            bool,
+            rescale,
+            description="after pruning, scale the task vector back to its L1 norm"
+            + ("" if sparsifier else " (no pruning here: no effect)"),
+        ),
         _p("lambda", float, 1.0, description="scale of the merged task vector"),
         _required_weight(),
-        _p("density", float, 1.0, "per_model", 0.0, 1.0,
-           description="fraction of the task vector kept" + ("" if sparsifier else " (no pruning here: no effect)")),
+        _p(
+            "density",
+            float,
+            1.0,
+            "per_model",
+            0.0,
+            1.0,
+            description="fraction of the task vector kept" + ("" if sparsifier else " (no pruning here: no effect)"),
+        ),
     ]
     if sparsifier == "magnitude_outliers":
-        params.append(_p("gamma", float, 0.01, "per_model", 0.0, 1.0,
-                         description="fraction of the largest-magnitude entries dropped before keeping density"))
+        params.append(
+            _p(
+                "gamma",
+                float,
+                0.01,
+                "per_model",
+                0.0,
+                1.0,
+                description="fraction of the largest-magnitude entries dropped before keeping density",
+            )
+        )
     if sparsifier == "della_magprune":
-        params.append(_p("epsilon", float, 0.15, "per_model", 0.0, 0.5,
-                         description="keep probabilities spread over density ± epsilon by magnitude rank; "
-                                     "density ± epsilon must lie strictly inside (0, 1)"))
+        params.append(
+            _p(
+                "epsilon",
+                float,
+                0.15,
+                "per_model",
+                0.0,
+                0.5,
+                description="keep probabilities spread over density ± epsilon by magnitude rank; "
+                "density ± epsilon must lie strictly inside (0, 1)",
+            )
+        )
     return tuple(params)
 
 
-def _gta(name: str, family: Family, description: str, sparsifier: str | None, consensus: bool, normalize: bool,
-         rescale: bool, reference: str) -> MethodSpec:
-    return MethodSpec(name, description, _gta_params(sparsifier, normalize, rescale),
-                      gta.kernel(sparsifier, consensus), min_models=1, max_models=UNLIMITED,
-                      random=sparsifier in ("random", "della_magprune"), family=family, reference=reference)
+def _gta(
+    name: str,
+    family: Family,
+    description: str,
+    sparsifier: str | None,
+    consensus: bool,
+    normalize: bool,
+    rescale: bool,
+    reference: str,
+) -> MethodSpec:
+    return MethodSpec(
+        name,
+        description,
+        _gta_params(sparsifier, normalize, rescale),
+        gta.kernel(sparsifier, consensus),
+        min_models=1,
+        max_models=UNLIMITED,
+        random=sparsifier in ("random", "della_magprune"),
+        family=family,
+        reference=reference,
+    )
 
 
 _GTA_METHODS = (
-    _gta("task_arithmetic", "task_arithmetic", "base + lambda * sum(w_i * (x_i - base))", None, False, False, False,
-         "https://arxiv.org/abs/2212.04089"),
-    _gta("ties", "ties", "trim task vectors to the top density by magnitude, elect signs, disjoint weighted mean",
-         "magnitude", True, True, False, "https://arxiv.org/abs/2306.01708"),
-    _gta("dare_ties", "dare", "drop task-vector entries at random (keep density), rescale, TIES sign consensus",
-         "random", True, False, True, "https://arxiv.org/abs/2311.03099"),
-    _gta("dare_linear", "dare", "drop task-vector entries at random (keep density), rescale, weighted sum",
-         "random", False, False, True, "https://arxiv.org/abs/2311.03099"),
-    _gta("breadcrumbs", "ties", "drop the largest (gamma) and smallest task-vector entries, weighted sum",
-         "magnitude_outliers", False, False, False, "https://arxiv.org/abs/2312.06795"),
-    _gta("breadcrumbs_ties", "ties", "breadcrumbs pruning with TIES sign consensus",
-         "magnitude_outliers", True, False, False, "https://arxiv.org/abs/2312.06795"),
-    _gta("della", "ties", "magnitude-ranked random pruning (MagPrune), rescale, TIES sign consensus",
-         "della_magprune", True, True, True, "https://arxiv.org/abs/2406.11617"),
-    _gta("della_linear", "ties", "magnitude-ranked random pruning (MagPrune), rescale, weighted sum",
-         "della_magprune", False, False, True, "https://arxiv.org/abs/2406.11617"),
+    _gta(
+        "task_arithmetic",
+        "task_arithmetic",
+        "base + lambda * sum(w_i * (x_i - base))",
+        None,
+        False,
+        False,
+        False,
+        "https://arxiv.org/abs/2212.04089",
+    ),
+    _gta(
+        "ties",
+        "ties",
+        "trim task vectors to the top density by magnitude, elect signs, disjoint weighted mean",
+        "magnitude",
+        True,
+        True,
+        False,
+        "https://arxiv.org/abs/2306.01708",
+    ),
+    _gta(
+        "dare_ties",
+        "dare",
+        "drop task-vector entries at random (keep density), rescale, TIES sign consensus",
+        "random",
+        True,
+        False,
+        True,
+        "https://arxiv.org/abs/2311.03099",
+    ),
+    _gta(
+        "dare_linear",
+        "dare",
+        "drop task-vector entries at random (keep density), rescale, weighted sum",
+        "random",
+        False,
+        False,
+        True,
+        "https://arxiv.org/abs/2311.03099",
+    ),
+    _gta(
+        "breadcrumbs",
+        "ties",
+        "drop the largest (gamma) and smallest task-vector entries, weighted sum",
+        "magnitude_outliers",
+        False,
+        False,
+        False,
+        "https://arxiv.org/abs/2312.06795",
+    ),
+    _gta(
+        "breadcrumbs_ties",
+        "ties",
+        "breadcrumbs pruning with TIES sign consensus",
+        "magnitude_outliers",
+        True,
+        False,
+        False,
+        "https://arxiv.org/abs/2312.06795",
+    ),
+    _gta(
+        "della",
+        "ties",
+        "magnitude-ranked random pruning (MagPrune), rescale, TIES sign consensus",
+        "della_magprune",
+        True,
+        True,
+        True,
+        "https://arxiv.org/abs/2406.11617",
+    ),
+    _gta(
+        "della_linear",
+        "ties",
+        "magnitude-ranked random pruning (MagPrune), rescale, weighted sum",
+        "della_magprune",
+        False,
+        False,
+        True,
+        "https://arxiv.org/abs/2406.11617",
+    ),
 )
 
 _OTHER_METHODS = (
-    MethodSpec("linear", "weighted average of all the models (a base is just another input)",
-               (_required_weight("input"), _p("normalize", bool, True, description="divide by the sum of weights")),
-               linear.merge, min_models=1, max_models=UNLIMITED, uses_base=False, family="task_arithmetic",
-               base="ignored", reference="https://arxiv.org/abs/2203.05482"),
-    MethodSpec("slerp", "spherical interpolation of the base (t = 0) and one other model (t = 1)",
-               (_p("t", float, None, "global", 0.0, 1.0, "interpolation factor (required)", required=True),),
-               slerp.merge, min_models=2, max_models=2, family="slerp",
-               reference="https://en.wikipedia.org/wiki/Slerp"),
-    MethodSpec("nuslerp", "spherical interpolation of two models (of their task vectors with a base), t from "
-                          "their weights, whole tensor or row by row",
-               (_required_weight(),
-                _p("nuslerp_row_wise", bool, False, description="interpolate columns (slices along dim 0) "
-                                                                "instead of rows, when not flattened"),
-                _p("nuslerp_flatten", bool, True, description="interpolate the whole tensor as one vector")),
-               nuslerp.merge, min_models=2, max_models=3, family="slerp", base="optional",
-               min_non_base=2, max_non_base=2),
-    MethodSpec("multislerp", "barycentric spherical interpolation of any number of models (of their task "
-                             "vectors with a base)",
-               (_required_weight(),
-                _p("normalize_weights", bool, True, description="divide the weights by their sum"),
-                _p("eps", float, 1e-8, "global", 0.0, description="numerical floor of norms")),
-               multislerp.merge, min_models=1, max_models=UNLIMITED, family="slerp", base="optional",
-               min_non_base=1, reference="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea"),
-    MethodSpec("karcher", "Riemannian (Karcher) mean of all the models' directions, scaled by their mean norm",
-               (_p("max_iter", int, 10, "global", 0, 10_000, "iterations of the fixed-point search"),
-                _p("tol", float, 1e-5, "global", 0.0, description="convergence tolerance")),
-               karcher.merge, min_models=1, max_models=UNLIMITED, uses_base=False, family="slerp", base="ignored",
-               reference="https://arxiv.org/abs/2603.04972"),
-    MethodSpec("model_stock", "interpolate base and mean of the models by the angle between their task vectors",
-               (_p("filter_wise", bool, False, description="one interpolation factor per row instead of per tensor"),),
-               model_stock.merge, min_models=3, max_models=UNLIMITED, family="task_arithmetic",
-               reference="https://arxiv.org/abs/2403.19522"),
-    MethodSpec("nearswap", "take the other model's entries where they are within t of the base's",
-               (_p("t", float, None, "global", 0.0, description="distance threshold (required)", required=True),),
-               nearswap.merge, min_models=2, max_models=2, family="task_arithmetic",
-               reference="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001"),
-    MethodSpec("arcee_fusion", "take the other model's entries where the change is important (KL-weighted)",
-               (), arcee_fusion.merge, min_models=2, max_models=2, family="task_arithmetic",
-               reference="https://arcee.ai"),
-    MethodSpec("sce", "select high-variance entries, weight models by energy, erase minority signs",
-               (_p("int8_mask", bool, False, description="mergekit stores its masks as int8 (memory only): "
-                                                         "no effect here"),
-                _p("select_topk", float, 1.0, "global", 0.0, 1.0,
-                   description="fraction of the entries (by variance across models) kept")),
-               sce.merge, min_models=1, max_models=UNLIMITED, family="ties",
-               reference="https://arxiv.org/abs/2408.07990"),
-    MethodSpec("ram", "entries changed by one model keep its change, by several the mean of theirs",
-               (_p("epsilon", float, 1e-5, "global", 0.0, description="smallest change that counts"),),
-               ram.merge_ram, min_models=1, max_models=UNLIMITED, family="task_arithmetic",
-               reference="https://arxiv.org/abs/2601.13572"),
-    MethodSpec("ramplus_tl", "RAM with each model's unique changes scaled up by its shared/unique ratio",
-               (_p("r", float, 0.1, "global", description="strength of the unique-change scaling"),
-                _p("alpha", float, 0.2, "global", description="cap of the shared/unique ratio"),
-                _p("epsilon", float, 1e-5, "global", 0.0, description="smallest change that counts")),
-               ram.merge_ramplus_tl, min_models=1, max_models=UNLIMITED, family="task_arithmetic",
-               reference="https://arxiv.org/abs/2601.13572"),
-    MethodSpec("passthrough", "one model's tensor, times its optional scale (layer stacking is planned elsewhere)",
-               (_p("scale", float, None, "input", description="multiplier of the tensor (none: unchanged)"),),
-               passthrough.merge, min_models=1, max_models=1, uses_base=False, family="franken_merge",
-               base="ignored"),
+    MethodSpec(
+        "linear",
+        "weighted average of all the models (a base is just another input)",
+        (_required_weight("input"), _p("normalize", bool, True, description="divide by the sum of weights")),
+        linear.merge,
+        min_models=1,
+        max_models=UNLIMITED,
+        uses_base=False,
+        family="task_arithmetic",
+        base="ignored",
+        reference="https://arxiv.org/abs/2203.05482",
+    ),
+    MethodSpec(
+        "slerp",
+        "spherical interpolation of the base (t = 0) and one other model (t = 1)",
+        (_p("t", float, None, "global", 0.0, 1.0, "interpolation factor (required)", required=True),),
+        slerp.merge,
+        min_models=2,
+        max_models=2,
+        family="slerp",
+        reference="https://en.wikipedia.org/wiki/Slerp",
+    ),
+    MethodSpec(
+        "nuslerp",
+        "spherical interpolation of two models (of their task vectors with a base), t from "
+        "their weights, whole tensor or row by row",
+        (
+            _required_weight(),
+            _p(
+                "nuslerp_row_wise",
+                bool,
+                False,
+                description="interpolate columns (slices along dim 0) instead of rows, when not flattened",
+            ),
+            _p("nuslerp_flatten", bool, True, description="interpolate the whole tensor as one vector"),
+        ),
+        nuslerp.merge,
+        min_models=2,
+        max_models=3,
+        family="slerp",
+        base="optional",
+        min_non_base=2,
+        max_non_base=2,
+    ),
+    MethodSpec(
+        "multislerp",
+        "barycentric spherical interpolation of any number of models (of their task vectors with a base)",
+        (
+            _required_weight(),
+            _p("normalize_weights", bool, True, description="divide the weights by their sum"),
+            _p("eps", float, 1e-8, "global", 0.0, description="numerical floor of norms"),
+        ),
+        multislerp.merge,
+        min_models=1,
+        max_models=UNLIMITED,
+        family="slerp",
+        base="optional",
+        min_non_base=1,
+        reference="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea",
+    ),
+    MethodSpec(
+        "karcher",
+        "Riemannian (Karcher) mean of all the models' directions, scaled by their mean norm",
+        (
+            _p("max_iter", int, 10, "global", 0, 10_000, "iterations of the fixed-point search"),
+            _p("tol", float, 1e-5, "global", 0.0, description="convergence tolerance"),
+        ),
+        karcher.merge,
+        min_models=1,
+        max_models=UNLIMITED,
+        uses_base=False,
+        family="slerp",
+        base="ignored",
+        reference="https://arxiv.org/abs/2603.04972",
+    ),
+    MethodSpec(
+        "model_stock",
+        "interpolate base and mean of the models by the angle between their task vectors",
+        (_p("filter_wise", bool, False, description="one interpolation factor per row instead of per tensor"),),
+        model_stock.merge,
+        min_models=3,
+        max_models=UNLIMITED,
+        family="task_arithmetic",
+        reference="https://arxiv.org/abs/2403.19522",
+    ),
+    MethodSpec(
+        "nearswap",
+        "take the other model's entries where they are within t of the base's",
+        (_p("t", float, None, "global", 0.0, description="distance threshold (required)", required=True),),
+        nearswap.merge,
+        min_models=2,
+        max_models=2,
+        family="task_arithmetic",
+        reference="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001",
+    ),
+    MethodSpec(
+        "arcee_fusion",
+        "take the other model's entries where the change is important (KL-weighted)",
+        (),
+        arcee_fusion.merge,
+        min_models=2,
+        max_models=2,
+        family="task_arithmetic",
+        reference="https://arcee.ai",
+    ),
+    MethodSpec(
+        "sce",
+        "select high-variance entries, weight models by energy, erase minority signs",
+        (
+            _p("int8_mask", bool, False, description="mergekit stores its masks as int8 (memory only): no effect here"),
+            _p(
+                "select_topk",
+                float,
+                1.0,
+                "global",
+                0.0,
+                1.0,
+                description="fraction of the entries (by variance across models) kept",
+            ),
+        ),
+        sce.merge,
+        min_models=1,
+        max_models=UNLIMITED,
+        family="ties",
+        reference="https://arxiv.org/abs/2408.07990",
+    ),
+    MethodSpec(
+        "ram",
+        "entries changed by one model keep its change, by several the mean of theirs",
+        (_p("epsilon", float, 1e-5, "global", 0.0, description="smallest change that counts"),),
+        ram.merge_ram,
+        min_models=1,
+        max_models=UNLIMITED,
+        family="task_arithmetic",
+        reference="https://arxiv.org/abs/2601.13572",
+    ),
+    MethodSpec(
+        "ramplus_tl",
+        "RAM with each model's unique changes scaled up by its shared/unique ratio",
+        (
+            _p("r", float, 0.1, "global", description="strength of the unique-change scaling"),
+            _p("alpha", float, 0.2, "global", description="cap of the shared/unique ratio"),
+            _p("epsilon", float, 1e-5, "global", 0.0, description="smallest change that counts"),
+        ),
+        ram.merge_ramplus_tl,
+        min_models=1,
+        max_models=UNLIMITED,
+        family="task_arithmetic",
+        reference="https://arxiv.org/abs/2601.13572",
+    ),
+    MethodSpec(
+        "passthrough",
+        "one model's tensor, times its optional scale (layer stacking is planned elsewhere)",
+        (_p("scale", float, None, "input", description="multiplier of the tensor (none: unchanged)"),),
+        passthrough.merge,
+        min_models=1,
+        max_models=1,
+        uses_base=False,
+        family="franken_merge",
+        base="ignored",
+    ),
 )
 
 
@@ -270,31 +520,84 @@ _OTHER_METHODS = (
 
 
 def _subspace_params(*extra: ParamSpec) -> tuple[ParamSpec, ...]:
-    return (ParamSpec("lambda", float, 1.0, "global", -100.0, 100.0, aliases=("alpha",),
-                      description="scale of the merged task vector (the papers' alpha)"),
-            _p("weight", float, 1.0, "per_model", -100.0, 100.0,
-               description="multiplier of the model's task vector before the decomposition"),
-            *extra)
+    return (
+        ParamSpec(
+            "lambda",
+            float,
+            1.0,
+            "global",
+            -100.0,
+            100.0,
+            aliases=("alpha",),
+            description="scale of the merged task vector (the papers' alpha)",
+        ),
+        _p(
+            "weight",
+            float,
+            1.0,
+            "per_model",
+            -100.0,
+            100.0,
+            description="multiplier of the model's task vector before the decomposition",
+        ),
+        *extra,
+    )
 
 
 _ALLOY_METHODS = (
-    MethodSpec("tsv", "TSV-M: each task matrix's top singular vectors, concatenated and whitened (orthogonalised); "
-                      "other tensors: mean task vector",
-               _subspace_params(_p("rank_fraction", float, 1.0, "global", 0.0, 1.0,
-                                   description="share of min(m, n) the tasks' kept ranks add up to "
-                                               "(k = rank_fraction * min(m, n) / T per task, at least 1)")),
-               tsv.merge, min_models=1, max_models=UNLIMITED, family="task_arithmetic",
-               reference="https://arxiv.org/abs/2412.00081"),
-    MethodSpec("iso_c", "Iso-C: the summed task matrix with a flat spectrum (mean singular value); "
-                        "other tensors: mean task vector",
-               _subspace_params(), iso.merge_iso_c, min_models=1, max_models=UNLIMITED, family="task_arithmetic",
-               reference="https://arxiv.org/abs/2502.04959"),
-    MethodSpec("iso_cts", "Iso-CTS: common subspace of the summed task matrix plus each task's own directions, "
-                          "orthogonalised, flat spectrum; other tensors: mean task vector",
-               _subspace_params(_p("common_fraction", float, 0.8, "global", 0.0, 1.0,
-                                   description="share of min(m, n) given to the common subspace")),
-               iso.merge_iso_cts, min_models=1, max_models=UNLIMITED, family="task_arithmetic",
-               reference="https://arxiv.org/abs/2502.04959"),
+    MethodSpec(
+        "tsv",
+        "TSV-M: each task matrix's top singular vectors, concatenated and whitened (orthogonalised); "
+        "other tensors: mean task vector",
+        _subspace_params(
+            _p(
+                "rank_fraction",
+                float,
+                1.0,
+                "global",
+                0.0,
+                1.0,
+                description="share of min(m, n) the tasks' kept ranks add up to "
+                "(k = rank_fraction * min(m, n) / T per task, at least 1)",
+            )
+        ),
+        tsv.merge,
+        min_models=1,
+        max_models=UNLIMITED,
+        family="task_arithmetic",
+        reference="https://arxiv.org/abs/2412.00081",
+    ),
+    MethodSpec(
+        "iso_c",
+        "Iso-C: the summed task matrix with a flat spectrum (mean singular value); other tensors: mean task vector",
+        _subspace_params(),
+        iso.merge_iso_c,
+        min_models=1,
+        max_models=UNLIMITED,
+        family="task_arithmetic",
+        reference="https://arxiv.org/abs/2502.04959",
+    ),
+    MethodSpec(
+        "iso_cts",
+        "Iso-CTS: common subspace of the summed task matrix plus each task's own directions, "
+        "orthogonalised, flat spectrum; other tensors: mean task vector",
+        _subspace_params(
+            _p(
+                "common_fraction",
+                float,
+                0.8,
+                "global",
+                0.0,
+                1.0,
+                description="share of min(m, n) given to the common subspace",
+            )
+        ),
+        iso.merge_iso_cts,
+        min_models=1,
+        max_models=UNLIMITED,
+        family="task_arithmetic",
+        reference="https://arxiv.org/abs/2502.04959",
+    ),
 )
 ALLOY_ONLY_METHODS = frozenset(spec.name for spec in _ALLOY_METHODS)  # mergekit has no such method
 
@@ -308,8 +611,12 @@ def get_method(name: str) -> MethodSpec:
     return spec
 
 
-def check_required(spec: MethodSpec, global_params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]],
-                   base_index: int | None) -> None:
+def check_required(
+    spec: MethodSpec,
+    global_params: Mapping[str, Any],
+    model_params: Sequence[Mapping[str, Any]],
+    base_index: int | None,
+) -> None:
     """Raise InvalidParameterError for a required parameter left unset (canonical names expected): a global one
     anywhere, a per-model one for any model but the base (mergekit binds those to the other models only), an
     input one for any model. A value given globally counts for every model."""
@@ -321,5 +628,6 @@ def check_required(spec: MethodSpec, global_params: Mapping[str, Any], model_par
         for index, params in enumerate(model_params):
             skip_base = param.scope == "per_model" and index == base_index
             if not skip_base and param.name not in params:
-                raise InvalidParameterError(param.name, f"is required by {spec.name} for every model "
-                                                        f"(missing for model {index})")
+                raise InvalidParameterError(
+                    param.name, f"is required by {spec.name} for every model (missing for model {index})"
+                )

@@ -46,8 +46,9 @@ def sce_weights(deltas: Sequence[torch.Tensor]) -> list[float]:
     return [s / total for s in squares]
 
 
-def sce(base: torch.Tensor, models: Sequence[torch.Tensor], select_topk: float = 1.0,
-        owned: bool = False) -> torch.Tensor:
+def sce(
+    base: torch.Tensor, models: Sequence[torch.Tensor], select_topk: float = 1.0, owned: bool = False
+) -> torch.Tensor:
     if not models:
         return base.to(torch.float32).clone()
     deltas = [task_vector(m, base, owned) for m in models]

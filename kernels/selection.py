@@ -61,6 +61,7 @@ def _chunks(numel: int, size: int = CHUNK):
 
 # --- finding the m-th largest key ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Order:
     """The m-th largest key, how many keys are above it and how many equal it."""
@@ -190,6 +191,7 @@ def top_cut(flat: torch.Tensor, m: int) -> Cut:
 
 
 # --- applying a cut ---------------------------------------------------------------------------------------------
+
 
 def _piece_mask(keys: torch.Tensor, cut: Cut, start: int) -> torch.Tensor:
     """Which keys of the piece starting at flat position ``start`` are inside the cut."""

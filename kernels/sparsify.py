@@ -71,16 +71,28 @@ def magnitude_trim_(owned: torch.Tensor, density: float) -> torch.Tensor:
 
 def uniform(numel: int, generator: torch.Generator) -> torch.Tensor:
     """``numel`` uniform [0, 1) draws on the CPU, drawn in fixed chunks so the sequence is reproducible."""
-    return torch.cat([torch.rand(min(RANDOM_CHUNK, numel - start), generator=generator)
-                      for start in range(0, numel, RANDOM_CHUNK)]) if numel else torch.empty(0)
+    return (
+        torch.cat(
+            [
+                torch.rand(min(RANDOM_CHUNK, numel - start), generator=generator)
+                for start in range(0, numel, RANDOM_CHUNK)
+            ]
+        )
+        if numel
+        else torch.empty(0)
+    )
 
 
-def ranked_stochastic_prune_(owned: torch.Tensor, density: float, epsilon: float, generator: torch.Generator) -> torch.Tensor:
+def ranked_stochastic_prune_(
+    owned: torch.Tensor, density: float, epsilon: float, generator: torch.Generator
+) -> torch.Tensor:
     """Magnitude-ranked stochastic pruning (DELLA's MagPrune): entry of magnitude rank r (0 = smallest) of n is kept
     with probability ``p = density - epsilon + 2 * epsilon * r / (n - 1)`` and survivors are divided by ``p`` so the
     expectation of every entry is unchanged."""
     if density - epsilon < 0 or density + epsilon > 1:
-        raise InvalidParameterError("epsilon", f"density ± epsilon must lie in [0, 1] (density={density}, epsilon={epsilon})")
+        raise InvalidParameterError(
+            "epsilon", f"density ± epsilon must lie in [0, 1] (density={density}, epsilon={epsilon})"
+        )
     numel = owned.numel()
     if numel == 0:
         return owned
@@ -154,8 +166,9 @@ def _draw_keep_(owned: torch.Tensor, probability: torch.Tensor | float, generato
     return owned
 
 
-def bernoulli_prune_(owned: torch.Tensor, density: float, generator: torch.Generator,
-                     rescale: bool = True) -> torch.Tensor:
+def bernoulli_prune_(
+    owned: torch.Tensor, density: float, generator: torch.Generator, rescale: bool = True
+) -> torch.Tensor:
     """DARE: keep each entry with probability ``density``. density >= 1 and density <= 0 draw nothing (untouched and
     all zero respectively), so they do not shift the draws of later models."""
     if density >= 1:
@@ -218,8 +231,9 @@ def della_keep_probability(owned: torch.Tensor, density: float, epsilon: float) 
     return probability.movedim(-1, 1).reshape(owned.shape)
 
 
-def della_prune_(owned: torch.Tensor, density: float, epsilon: float, generator: torch.Generator,
-                 rescale: bool = True) -> torch.Tensor:
+def della_prune_(
+    owned: torch.Tensor, density: float, epsilon: float, generator: torch.Generator, rescale: bool = True
+) -> torch.Tensor:
     """DELLA MagPrune: magnitude-ranked Bernoulli pruning (see :func:`della_keep_probability`); density >= 1 is
     untouched and density <= 0 all zero, both without drawing. Otherwise density ± epsilon must lie strictly
     inside (0, 1), mergekit's rule."""
@@ -229,7 +243,8 @@ def della_prune_(owned: torch.Tensor, density: float, epsilon: float, generator:
         return owned.zero_()
     if density + epsilon >= 1 or density - epsilon <= 0:
         raise InvalidParameterError(
-            "epsilon", f"density ± epsilon must lie strictly between 0 and 1 (density={density}, epsilon={epsilon})")
+            "epsilon", f"density ± epsilon must lie strictly between 0 and 1 (density={density}, epsilon={epsilon})"
+        )
     before = _l1(owned, rescale)
     _draw_keep_(owned, della_keep_probability(owned, density, epsilon), generator)
     return _rescale_l1_(owned, before) if rescale else owned

@@ -17,8 +17,9 @@ import torch
 RANK_RTOL = torch.finfo(torch.float32).eps
 
 
-def weighted_deltas(base: torch.Tensor, models: Sequence[torch.Tensor],
-                    model_params: Sequence[Mapping[str, Any]]) -> list[torch.Tensor]:
+def weighted_deltas(
+    base: torch.Tensor, models: Sequence[torch.Tensor], model_params: Sequence[Mapping[str, Any]]
+) -> list[torch.Tensor]:
     """``w_i * (x_i - base)`` in float64, one per non-base model (``weight`` defaults to 1)."""
     base64 = base.to(torch.float64)
     return [(m.to(torch.float64) - base64).mul_(float(p.get("weight", 1.0))) for m, p in zip(models, model_params)]

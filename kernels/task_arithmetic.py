@@ -18,8 +18,9 @@ def task_vector(model: torch.Tensor, base: torch.Tensor, owned: bool = False) ->
     return torch.sub(model.to(torch.float32), base)
 
 
-def combine(base: torch.Tensor, weighted_deltas: Sequence[torch.Tensor], weights: Sequence[float],
-            lam: float, normalize: bool) -> torch.Tensor:
+def combine(
+    base: torch.Tensor, weighted_deltas: Sequence[torch.Tensor], weights: Sequence[float], lam: float, normalize: bool
+) -> torch.Tensor:
     """``base + lambda * sum(deltas) [/ sum(weights)]`` for deltas already multiplied by their weights."""
     mixed = weighted_deltas[0]
     for delta in weighted_deltas[1:]:
@@ -33,8 +34,14 @@ def combine(base: torch.Tensor, weighted_deltas: Sequence[torch.Tensor], weights
     return mixed.add_(base.to(torch.float32))
 
 
-def task_arithmetic(base: torch.Tensor, models: Sequence[torch.Tensor], weights: Sequence[float],
-                    lam: float = 1.0, normalize: bool = False, owned: bool = False) -> torch.Tensor:
+def task_arithmetic(
+    base: torch.Tensor,
+    models: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    lam: float = 1.0,
+    normalize: bool = False,
+    owned: bool = False,
+) -> torch.Tensor:
     if not models:
         return base.to(torch.float32).clone()
     deltas = [task_vector(m, base, owned).mul_(float(w)) for m, w in zip(models, weights)]
@@ -50,5 +57,11 @@ def split_base(tensors, base_index, model_params):
 
 def merge(tensors, base_index, global_params, model_params, generator, owned=False):
     base, others, params = split_base(tensors, base_index, model_params)
-    return task_arithmetic(base, others, [p["weight"] for p in params],
-                           float(global_params["lambda"]), bool(global_params["normalize"]), owned)
+    return task_arithmetic(
+        base,
+        others,
+        [p["weight"] for p in params],
+        float(global_params["lambda"]),
+        bool(global_params["normalize"]),
+        owned,
+    )

@@ -10,8 +10,9 @@ from kernels.sparsify import magnitude_trim_, ranked_stochastic_prune_
 from kernels.task_arithmetic import split_base, task_vector
 
 
-def sign_consensus(base: torch.Tensor, weighted_deltas: Sequence[torch.Tensor], weights: Sequence[float],
-                   lam: float, normalize: bool) -> torch.Tensor:
+def sign_consensus(
+    base: torch.Tensor, weighted_deltas: Sequence[torch.Tensor], weights: Sequence[float], lam: float, normalize: bool
+) -> torch.Tensor:
     """Elect each entry's sign from the sum of the weighted deltas (ties go to +), keep only the deltas of that
     sign (zeros never vote), and add their sum (divided by the sum of the weights that voted, when ``normalize``)
     times ``lam`` to the base. Consumes ``weighted_deltas``."""
@@ -38,9 +39,17 @@ def sign_consensus(base: torch.Tensor, weighted_deltas: Sequence[torch.Tensor], 
     return mixed.add_(base.to(torch.float32))
 
 
-def ties(base: torch.Tensor, models: Sequence[torch.Tensor], weights: Sequence[float], densities: Sequence[float],
-         lam: float = 1.0, normalize: bool = True, epsilons: Sequence[float] | None = None,
-         generator: torch.Generator | None = None, owned: bool = False) -> torch.Tensor:
+def ties(
+    base: torch.Tensor,
+    models: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    densities: Sequence[float],
+    lam: float = 1.0,
+    normalize: bool = True,
+    epsilons: Sequence[float] | None = None,
+    generator: torch.Generator | None = None,
+    owned: bool = False,
+) -> torch.Tensor:
     """TIES with per-model density; ``epsilon > 0`` replaces the trim by magnitude-ranked stochastic pruning."""
     if not models:
         return base.to(torch.float32).clone()
@@ -60,6 +69,14 @@ def ties(base: torch.Tensor, models: Sequence[torch.Tensor], weights: Sequence[f
 
 def merge(tensors, base_index, global_params, model_params, generator, owned=False):
     base, others, params = split_base(tensors, base_index, model_params)
-    return ties(base, others, [p["weight"] for p in params], [p["density"] for p in params],
-                float(global_params["lambda"]), bool(global_params["normalize"]),
-                [p["epsilon"] for p in params], generator, owned)
+    return ties(
+        base,
+        others,
+        [p["weight"] for p in params],
+        [p["density"] for p in params],
+        float(global_params["lambda"]),
+        bool(global_params["normalize"]),
+        [p["epsilon"] for p in params],
+        generator,
+        owned,
+    )

@@ -22,7 +22,7 @@ from kernels.subspace import finish, mean_delta, polar, ranked_svd, weighted_del
 from kernels.task_arithmetic import split_base
 
 
-def task_rank(shape: tuple[int, int], tasks: int, rank_fraction: float) -> int:
+def task_rank(shape: tuple[int, ...], tasks: int, rank_fraction: float) -> int:
     """Singular triplets kept per task: ``floor(rank_fraction * min(m, n) / T)``, at least one."""
     return max(1, math.floor(rank_fraction * min(shape) / tasks))
 

@@ -28,8 +28,8 @@ from serve_app.context import ApiContext, api_context
 from serve_app.errors import install_error_handlers
 from serve_app.metrics import ApiMetrics, MetricsMiddleware
 from serve_app.routes_events import router as events_router
-from serve_app.routes_keys import router as keys_router
 from serve_app.routes_evolutions import router as evolutions_router
+from serve_app.routes_keys import router as keys_router
 from serve_app.routes_ops import admin_router, ops_router
 from serve_app.routing import dump as _dump
 from serve_app.routing import owner as _owner
@@ -72,16 +72,25 @@ def list_jobs(
 merge_router = APIRouter(tags=["merge"])
 
 
-@merge_router.get("/methods", response_model=list[s.MethodView], dependencies=_scope("read"),
-                  summary="Merge methods: family, parameters, ranges and defaults")
+@merge_router.get(
+    "/methods",
+    response_model=list[s.MethodView],
+    dependencies=_scope("read"),
+    summary="Merge methods: family, parameters, ranges and defaults",
+)
 async def list_methods() -> list[dict[str, Any]]:
     from alloy.merge.methods import method_catalogue
 
     return method_catalogue()
 
 
-@merge_router.post("/merge/execute", status_code=202, response_model=s.JobAccepted, dependencies=_scope("write"),
-                   summary="Start an asynchronous merge job")
+@merge_router.post(
+    "/merge/execute",
+    status_code=202,
+    response_model=s.JobAccepted,
+    dependencies=_scope("write"),
+    summary="Start an asynchronous merge job",
+)
 async def execute_merge(body: s.MergeRequest, request: Request, response: Response) -> s.JobAccepted:
     ctx = api_context(request)
     ctx.require_gpu_capacity()
@@ -281,12 +290,16 @@ async def download_artifact(key: str, request: Request) -> StreamingResponse:
     start = parse_range_start(request.headers.get("range"), info.size)  # a resumed download: "bytes=N-"
     chunks = store.options(stream=True).iter_bytes.remote(key, start)
     name = key.rsplit("/", 1)[-1]
-    headers = {"Content-Length": str(info.size - start), "Accept-Ranges": "bytes",
-               "Content-Disposition": f'attachment; filename="{name}"'}
+    headers = {
+        "Content-Length": str(info.size - start),
+        "Accept-Ranges": "bytes",
+        "Content-Disposition": f'attachment; filename="{name}"',
+    }
     if start:
         headers["Content-Range"] = f"bytes {start}-{info.size - 1}/{info.size}"
-    return StreamingResponse(chunks, status_code=206 if start else 200, media_type="application/octet-stream",
-                             headers=headers)
+    return StreamingResponse(
+        chunks, status_code=206 if start else 200, media_type="application/octet-stream", headers=headers
+    )
 
 
 @artifacts_router.get("/artifacts/{key:path}", response_model=s.ArtifactView, dependencies=_scope("read"))

@@ -27,9 +27,12 @@ def install_offline_docs(app: FastAPI) -> None:
     @app.get(DOCS_PATH, include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
         return get_swagger_ui_html(
-            openapi_url=openapi_url, title=f"{app.title} - Swagger UI", oauth2_redirect_url=OAUTH2_REDIRECT_PATH,
+            openapi_url=openapi_url,
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=OAUTH2_REDIRECT_PATH,
             swagger_js_url=f"{STATIC_PREFIX}/swagger-ui/swagger-ui-bundle.js",
-            swagger_css_url=f"{STATIC_PREFIX}/swagger-ui/swagger-ui.css", swagger_favicon_url=FAVICON,
+            swagger_css_url=f"{STATIC_PREFIX}/swagger-ui/swagger-ui.css",
+            swagger_favicon_url=FAVICON,
             # validatorUrl None: Swagger UI would otherwise send the document to an online validator.
             swagger_ui_parameters={"validatorUrl": None},
         )
@@ -40,6 +43,10 @@ def install_offline_docs(app: FastAPI) -> None:
 
     @app.get(REDOC_PATH, include_in_schema=False)
     def redoc() -> HTMLResponse:
-        return get_redoc_html(openapi_url=openapi_url, title=f"{app.title} - ReDoc",
-                              redoc_js_url=f"{STATIC_PREFIX}/redoc/redoc.standalone.js", redoc_favicon_url=FAVICON,
-                              with_google_fonts=False)
+        return get_redoc_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{STATIC_PREFIX}/redoc/redoc.standalone.js",
+            redoc_favicon_url=FAVICON,
+            with_google_fonts=False,
+        )

@@ -20,6 +20,7 @@ def parse_range_start(header: str | None, size: int) -> int:
         raise validation_failed("only open byte ranges are supported (Range: bytes=N-)", field="Range")
     start = int(match.group(1))
     if start >= size:
-        raise validation_failed(f"range start {start} is past the end of the artifact ({size} bytes)",
-                                field="Range", size=size)
+        raise validation_failed(
+            f"range start {start} is past the end of the artifact ({size} bytes)", field="Range", size=size
+        )
     return start

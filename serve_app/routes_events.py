@@ -53,17 +53,21 @@ async def _events(request: Request, follower: JobFollower) -> AsyncIterator[Serv
 
 
 @router.get(
-    "/jobs/{job_id}/events", dependencies=[Depends(require_scope("read"))],
+    "/jobs/{job_id}/events",
+    dependencies=[Depends(require_scope("read"))],
     response_model=list[JobEvent],
     summary="History of a job, or its live events (Accept: text/event-stream)",
     responses={
-        200: {"description": "The history (JSON), or the live event stream (text/event-stream)",
-              "content": {EVENT_STREAM: {"schema": {"type": "string", "description": _STREAM_DOC}}}},
+        200: {
+            "description": "The history (JSON), or the live event stream (text/event-stream)",
+            "content": {EVENT_STREAM: {"schema": {"type": "string", "description": _STREAM_DOC}}},
+        },
         **error_responses(401, 403, 404, 429, 503),
     },
 )
 async def job_events(
-    job_id: str, request: Request,
+    job_id: str,
+    request: Request,
     accept: str | None = Header(None, include_in_schema=False),
     last_event_id: str | None = Header(None, description="Resume a stream after this event id"),
 ) -> Any:
@@ -73,7 +77,11 @@ async def job_events(
         return await asyncio.to_thread(jobs.events, job_id)
     url = ctx.url_for_job(request, job_id)
     follower = await asyncio.to_thread(  # NOT_FOUND before the stream opens
-        follow, jobs, job_id, last_event_id, end_view=lambda job: JobView.from_record(job, url).model_dump(mode="json"))
+        follow, jobs, job_id, last_event_id, end_view=lambda job: JobView.from_record(job, url).model_dump(mode="json")
+    )
     # X-Accel-Buffering keeps nginx-style proxies from buffering.
-    return EventSourceResponse(_events(request, follower), ping=PING_INTERVAL_S,
-                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return EventSourceResponse(
+        _events(request, follower),
+        ping=PING_INTERVAL_S,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

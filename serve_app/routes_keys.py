@@ -31,8 +31,13 @@ async def list_keys(request: Request) -> list[KeyView]:
 async def create_key(body: KeyCreate, request: Request) -> NewKeyView:
     expires_at = utcnow() + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
     record, secret = await asyncio.to_thread(
-        _store(request).create, body.owner, body.scopes, read_limit=body.read_limit, jobs_limit=body.jobs_limit,
-        expires_at=expires_at)
+        _store(request).create,
+        body.owner,
+        body.scopes,
+        read_limit=body.read_limit,
+        jobs_limit=body.jobs_limit,
+        expires_at=expires_at,
+    )
     return NewKeyView.model_validate({**describe(record), "key": secret})
 
 

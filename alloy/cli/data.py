@@ -25,14 +25,15 @@ def sqlite_file(database_url: str) -> Path | None:
 
 def open_existing_database(settings):
     """The configured database, verified; a missing SQLite file is a one-line error, never a new empty file."""
-    from alloy.storage.db import Database
     from alloy.errors import AlloyError
+    from alloy.storage.db import Database
 
     path = sqlite_file(settings.database_url)
     if path is not None and not path.exists():
         raise click.ClickException(
             f"no Alloy data in {settings.data_dir}: run `alloy start` first, or point `alloy --data-dir DIR` "
-            "(or ALLOY_DATA_DIR) at the data dir of a running Alloy")
+            "(or ALLOY_DATA_DIR) at the data dir of a running Alloy"
+        )
     db = Database.from_settings(settings)
     try:
         db.verify_schema()

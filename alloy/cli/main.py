@@ -39,9 +39,13 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="alloy-merge")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Data dir (database, artifacts) [default: $ALLOY_DATA_DIR, else data_dir of the config, "
-                   "relative to the project]")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Data dir (database, artifacts) [default: $ALLOY_DATA_DIR, else data_dir of the config, "
+    "relative to the project]",
+)
 def cli(data_dir: Path | None) -> None:
     """Alloy: merge, evaluate and evolve transformer checkpoints."""
     if data_dir is not None:  # every subcommand reads settings, which read ALLOY_DATA_DIR

@@ -101,9 +101,12 @@ def merge(
             if bar is not None:
                 bar.close()
     except AlloyError as exc:
-        raise click.ClickException(f"{exc.code.value}: {exc.message}" + (f" {exc.details}" if exc.details else "")) from None
-    click.echo(f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} "
-               f"in {result.seconds:.1f}s")
+        raise click.ClickException(
+            f"{exc.code.value}: {exc.message}" + (f" {exc.details}" if exc.details else "")
+        ) from None
+    click.echo(
+        f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} in {result.seconds:.1f}s"
+    )
 
 
 @click.command("methods")
@@ -121,11 +124,16 @@ def methods(family: str | None, as_json: bool) -> None:
         return
     for method in catalogue:
         most = "any" if method["max_models"] is None else method["max_models"]
-        click.echo(f"{method['name']}  [{method['family']}]  models {method['min_models']}..{most}, "
-                   f"base {method['base']}{', random' if method['random'] else ''}")
+        click.echo(
+            f"{method['name']}  [{method['family']}]  models {method['min_models']}..{most}, "
+            f"base {method['base']}{', random' if method['random'] else ''}"
+        )
         click.echo(f"    {method['description']}")
         for p in method["parameters"]:
-            bounds = "" if p["minimum"] is None and p["maximum"] is None else \
-                f" in [{'' if p['minimum'] is None else p['minimum']}, {'' if p['maximum'] is None else p['maximum']}]"
+            bounds = (
+                ""
+                if p["minimum"] is None and p["maximum"] is None
+                else f" in [{'' if p['minimum'] is None else p['minimum']}, {'' if p['maximum'] is None else p['maximum']}]"
+            )
             default = "required" if p["required"] else f"default {p['default']}"
             click.echo(f"    - {p['name']} ({p['type']}, {p['scope']}){bounds}, {default}")

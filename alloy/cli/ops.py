@@ -71,16 +71,38 @@ class _Signals:
 @click.command()
 @click.option("--demo/--no-demo", default=False, help="Build the offline demo zoo and register it")
 @click.option("--warm", is_flag=True, help="Warm start: restore the worker pools saved at the last stop")
-@click.option("--skip-dependency-checks", is_flag=True,
-              help="With --warm: skip dependency validation (the operator confirms they are healthy)")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Alloy config file (default: ALLOY_CONFIG or configs/alloy.yaml)")
-@click.option("--serve-config", type=click.Path(dir_okay=False), default=None,
-              help="Serve config file (default: configs/serve.yaml)")
-@click.option("--port", type=click.IntRange(1, 65535), default=None,
-              help="HTTP port (default: server.port in the config, 8470, when free); refused when busy")
-def start(demo: bool, warm: bool, skip_dependency_checks: bool, config_path: str | None,
-          serve_config: str | None, port: int | None) -> None:
+@click.option(
+    "--skip-dependency-checks",
+    is_flag=True,
+    help="With --warm: skip dependency validation (the operator confirms they are healthy)",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Alloy config file (default: ALLOY_CONFIG or configs/alloy.yaml)",
+)
+@click.option(
+    "--serve-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Serve config file (default: configs/serve.yaml)",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="HTTP port (default: server.port in the config, 8470, when free); refused when busy",
+)
+def start(
+    demo: bool,
+    warm: bool,
+    skip_dependency_checks: bool,
+    config_path: str | None,
+    serve_config: str | None,
+    port: int | None,
+) -> None:
     """Start a local Ray cluster and the Alloy app (cold, or --warm); stays in the foreground until stopped
     (`alloy stop`, SIGTERM or Ctrl-C). SIGHUP reloads the configuration."""
     # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
@@ -91,13 +113,21 @@ def start(demo: bool, warm: bool, skip_dependency_checks: bool, config_path: str
     _show_lifecycle_steps()
     click.echo(f"{'warm' if warm else 'cold'} start:", err=True)
     try:
-        run = start_local(config_path=config_path, demo=demo, serve_config=serve_config, warm=warm,
-                          skip_dependency_checks=skip_dependency_checks, echo=lambda m: click.echo(m, err=True),
-                          port=port)
+        run = start_local(
+            config_path=config_path,
+            demo=demo,
+            serve_config=serve_config,
+            warm=warm,
+            skip_dependency_checks=skip_dependency_checks,
+            echo=lambda m: click.echo(m, err=True),
+            port=port,
+        )
     except AlloyError as exc:
         raise click.ClickException(f"{exc.code.value}: {exc.message}") from None
-    click.echo(f"\nAlloy is READY in {run.start.total_s:.1f}s: {run.url}  "
-               f"(API docs: {run.url}/docs, Ray dashboard: {run.head.dashboard_url})")
+    click.echo(
+        f"\nAlloy is READY in {run.start.total_s:.1f}s: {run.url}  "
+        f"(API docs: {run.url}/docs, Ray dashboard: {run.head.dashboard_url})"
+    )
     if run.admin_key:  # a new key: shown this once (the first start)
         click.echo(f"admin API key: {run.admin_key}")
         click.echo(f"  export ALLOY_URL={run.url} ALLOY_API_KEY={run.admin_key}")
@@ -160,7 +190,6 @@ def _stop(run, signals: _Signals) -> int:
 def stop(force: bool, timeout_s: float | None) -> None:
     """Stop the cluster started by ``alloy start``: graceful (drain active jobs, flush, close, terminate) or
     --force. Exits 2 when a graceful stop ran past its timeout and was forced."""
-    import os
 
     from alloy.cli.data import cli_settings
     from alloy.control.local_run import StopRequest, pid_alive, read_local_state, write_stop_request
@@ -209,12 +238,11 @@ def _cluster_status(settings):
 def status(as_json: bool) -> None:
     """Show the persisted cluster state: state, config version, pools, last start and stop (each step with
     its duration), the last recovery, active jobs. Reads only the database. Exits 3 unless READY."""
-    import json
 
     from alloy.cli.data import cli_settings, open_existing_database
     from alloy.cluster.state import ClusterState, ClusterStateStore
-    from alloy.jobs.store import JobStore
     from alloy.control.local_run import pid_alive, read_local_state
+    from alloy.jobs.store import JobStore
 
     settings = cli_settings()
     db = open_existing_database(settings)

@@ -36,8 +36,9 @@ def parse_params(texts: tuple[str, ...]) -> dict[str, Any]:
     for text in texts:
         name, value = parse_param(text)
         if name in params:
-            raise click.BadParameter(f"{name!r} given twice; give a gradient as one JSON list, e.g. {name}=[0,1]",
-                                     param_hint="--param")
+            raise click.BadParameter(
+                f"{name!r} given twice; give a gradient as one JSON list, e.g. {name}=[0,1]", param_hint="--param"
+            )
         params[name] = value
     return params
 
@@ -60,8 +61,12 @@ def recipe_body(path: Path) -> dict[str, Any]:
     except AlloyError as exc:
         raise AlloyAPIError(exc.code.value, None, exc.message, exc.details) from None
     body: dict[str, Any] = {
-        "models": [ref.model for ref in recipe.models], "strategy": recipe.strategy, "variant": recipe.variant,
-        "parameters": recipe.parameters, "base_model": recipe.base_model, "dtype": recipe.dtype,
+        "models": [ref.model for ref in recipe.models],
+        "strategy": recipe.strategy,
+        "variant": recipe.variant,
+        "parameters": recipe.parameters,
+        "base_model": recipe.base_model,
+        "dtype": recipe.dtype,
         "seed": recipe.seed,
         "model_parameters": {ref.model: ref.parameters for ref in recipe.models if ref.parameters} or None,
         "slices": [piece.model_dump(mode="json") for piece in recipe.slices] if recipe.slices else None,
@@ -92,10 +97,16 @@ class ManyValuesOption(click.Option):
 
 def connection_options(command):
     """``--url`` and ``--key``: shared by every command that talks to a running service."""
-    command = click.option("--key", envvar="ALLOY_API_KEY", show_envvar=True, default=None,
-                           help="API key [default: $ALLOY_API_KEY]")(command)
-    return click.option("--url", envvar="ALLOY_URL", show_envvar=True, default=None,
-                        help="Service URL [default: $ALLOY_URL, else http://127.0.0.1:8470]")(command)
+    command = click.option(
+        "--key", envvar="ALLOY_API_KEY", show_envvar=True, default=None, help="API key [default: $ALLOY_API_KEY]"
+    )(command)
+    return click.option(
+        "--url",
+        envvar="ALLOY_URL",
+        show_envvar=True,
+        default=None,
+        help="Service URL [default: $ALLOY_URL, else http://127.0.0.1:8470]",
+    )(command)
 
 
 def print_error(error: AlloyAPIError) -> None:
@@ -114,23 +125,57 @@ def submit() -> None:
 @click.option("--models", "-m", cls=ManyValuesOption, multiple=True, help="Model ids: --models a b c")
 @click.option("--strategy", "-s", default=None, help=STRATEGIES)
 @click.option("--variant", default=None, help="A merge method of the strategy's family (mergekit name; GET /methods)")
-@click.option("--param", "-p", "params", multiple=True,
-              help="Strategy parameter name=value (repeatable; each name once, a gradient as a JSON list)")
-@click.option("--slice", "slices", multiple=True, metavar="MODEL:START-END",
-              help="franken_merge: layers START..END-1 of MODEL, stacked in the order given (repeatable)")
-@click.option("--recipe", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A recipe file (Alloy or mergekit YAML) instead of --models/--strategy/--param/--slice")
+@click.option(
+    "--param",
+    "-p",
+    "params",
+    multiple=True,
+    help="Strategy parameter name=value (repeatable; each name once, a gradient as a JSON list)",
+)
+@click.option(
+    "--slice",
+    "slices",
+    multiple=True,
+    metavar="MODEL:START-END",
+    help="franken_merge: layers START..END-1 of MODEL, stacked in the order given (repeatable)",
+)
+@click.option(
+    "--recipe",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A recipe file (Alloy or mergekit YAML) instead of --models/--strategy/--param/--slice",
+)
 @click.option("--output", "-o", required=True, help="ID of the merged model")
 @click.option("--base", "base_model", default=None, help="Base model id (task vectors)")
 @click.option("--dtype", default=None, help="float32 | float16 | bfloat16")
 @click.option("--seed", type=int, default=None, help="Seed for stochastic strategies (dare)")
-@click.option("--evaluate", "evaluate", multiple=True, metavar="DATASET",
-              help="Evaluate the merged model on this registered dataset before COMPLETED (repeatable)")
+@click.option(
+    "--evaluate",
+    "evaluate",
+    multiple=True,
+    metavar="DATASET",
+    help="Evaluate the merged model on this registered dataset before COMPLETED (repeatable)",
+)
 @click.option("--split", default="test", show_default=True, help="Dataset split for --evaluate")
 @connection_options
 @click.option("--no-wait", is_flag=True, help="Print the job id and return without following it")
-def merge(models, strategy, variant, params, slices, recipe, output, base_model, dtype, seed, evaluate, split, url,
-          key, no_wait) -> None:
+def merge(
+    models,
+    strategy,
+    variant,
+    params,
+    slices,
+    recipe,
+    output,
+    base_model,
+    dtype,
+    seed,
+    evaluate,
+    split,
+    url,
+    key,
+    no_wait,
+) -> None:
     """Post a merge and show a progress bar until it is COMPLETED (or print the error)."""
     body = _merge_body(models, strategy, params, slices, recipe, base_model, dtype, seed)
     if variant:
@@ -150,8 +195,10 @@ def merge(models, strategy, variant, params, slices, recipe, output, base_model,
         print_error(error)
         raise SystemExit(1) from None
     if view.state.value == "FAILED":
-        error = view.error
-        print_error(AlloyAPIError(error.code if error else "INTERNAL_ERROR", None, error.message if error else ""))
+        failure = view.error
+        print_error(
+            AlloyAPIError(failure.code if failure else "INTERNAL_ERROR", None, failure.message if failure else "")
+        )
         raise SystemExit(1)
     click.echo(f"COMPLETED: model {view.model_id}")
 
@@ -168,8 +215,11 @@ def _merge_body(models, strategy, params, slices, recipe, base_model, dtype, see
     else:
         if not strategy:
             raise click.UsageError(f"give --strategy ({STRATEGIES}) or --recipe FILE")
-        body = {"models": [m for group in models for m in group.split()], "strategy": strategy,
-                "parameters": parse_params(params)}
+        body = {
+            "models": [m for group in models for m in group.split()],
+            "strategy": strategy,
+            "parameters": parse_params(params),
+        }
         if slices:
             body["slices"] = [parse_slice(text) for text in slices]
             if not body["models"]:  # a franken merge's models are its slices' models

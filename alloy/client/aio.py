@@ -23,7 +23,7 @@ from alloy.wire import (
 
 
 class AsyncJob:
-    def __init__(self, client: "AsyncClient", job_id: str):
+    def __init__(self, client: AsyncClient, job_id: str):
         self.client = client
         self.id = job_id
         self.view: JobView | None = None
@@ -39,8 +39,13 @@ class AsyncJob:
         headers = {"Accept": "text/event-stream"}
         if last_event_id:
             headers["Last-Event-ID"] = last_event_id
-        async with aconnect_sse(self.client.http, "GET", f"/jobs/{self.id}/events", headers=headers,
-                                timeout=httpx.Timeout(self.client.http.timeout.connect, read=None)) as source:
+        async with aconnect_sse(
+            self.client.http,
+            "GET",
+            f"/jobs/{self.id}/events",
+            headers=headers,
+            timeout=httpx.Timeout(self.client.http.timeout.connect, read=None),
+        ) as source:
             if source.response.status_code >= 400:
                 await source.response.aread()
                 c.check(source.response)
@@ -58,8 +63,9 @@ class AsyncJob:
                         return await self.refresh()
             except (httpx.TransportError, httpx.StreamError):
                 continue
-            if (await self.refresh()).state.value in c.TERMINAL_STATES:
-                return self.view
+            view = await self.refresh()
+            if view.state.value in c.TERMINAL_STATES:
+                return view
 
 
 class AsyncEvolution(AsyncJob):
@@ -76,13 +82,20 @@ class AsyncEvolution(AsyncJob):
 
 
 class AsyncClient:
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
-                 timeout: float = c.DEFAULT_TIMEOUT_S, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = c.DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         self.base_url = c.resolve_url(base_url)
-        self.http = httpx.AsyncClient(base_url=self.base_url, headers=c.auth_headers(c.resolve_key(api_key)),
-                                      timeout=timeout, transport=transport)
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url, headers=c.auth_headers(c.resolve_key(api_key)), timeout=timeout, transport=transport
+        )
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -110,10 +123,12 @@ class AsyncClient:
         await job.refresh()
         return job
 
-    async def jobs(self, *, state: str | None = None, kind: str | None = None, offset: int = 0,
-                   limit: int = 50) -> PageOf[JobView]:
-        params = {k: v for k, v in {"state": state, "kind": kind, "offset": offset, "limit": limit}.items()
-                  if v is not None}
+    async def jobs(
+        self, *, state: str | None = None, kind: str | None = None, offset: int = 0, limit: int = 50
+    ) -> PageOf[JobView]:
+        params = {
+            k: v for k, v in {"state": state, "kind": kind, "offset": offset, "limit": limit}.items() if v is not None
+        }
         return PageOf[JobView].model_validate(await self._get("/jobs", params=params))
 
     async def evaluate(self, models: list[str], datasets: list[str], split: str = "test") -> AsyncJob:

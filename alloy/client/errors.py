@@ -14,8 +14,14 @@ _CODE_OF_STATUS = {status: code for code, status in reversed(list(HTTP_STATUS.it
 
 
 class AlloyAPIError(Exception):
-    def __init__(self, code: str, status: int | None, message: str, details: dict[str, Any] | None = None,
-                 request_id: str | None = None):
+    def __init__(
+        self,
+        code: str,
+        status: int | None,
+        message: str,
+        details: dict[str, Any] | None = None,
+        request_id: str | None = None,
+    ):
         super().__init__(f"{code} ({status}): {message}" if status else f"{code}: {message}")
         self.code = code
         self.status = status
@@ -24,20 +30,19 @@ class AlloyAPIError(Exception):
         self.request_id = request_id
 
     @classmethod
-    def from_response(cls, response: httpx.Response) -> "AlloyAPIError":
+    def from_response(cls, response: httpx.Response) -> AlloyAPIError:
         try:
             body = response.json()["error"]
-            return cls(body["code"], response.status_code, body["message"], body.get("details"),
-                       body.get("request_id"))
+            return cls(body["code"], response.status_code, body["message"], body.get("details"), body.get("request_id"))
         except (ValueError, KeyError, TypeError):
             code = _CODE_OF_STATUS.get(response.status_code, ErrorCode.INTERNAL_ERROR)
             return cls(code.value, response.status_code, f"HTTP {response.status_code} without an Alloy error body")
 
     @classmethod
-    def unreachable(cls, base_url: str, exc: Exception) -> "AlloyAPIError":
+    def unreachable(cls, base_url: str, exc: Exception) -> AlloyAPIError:
         return cls(ErrorCode.SERVICE_UNAVAILABLE.value, None, f"cannot reach {base_url}: {type(exc).__name__}")
 
     @classmethod
-    def invalid(cls, message: str, details: dict[str, Any] | None = None) -> "AlloyAPIError":
+    def invalid(cls, message: str, details: dict[str, Any] | None = None) -> AlloyAPIError:
         """Refused before sending: the same code and status the server would answer."""
         return cls(ErrorCode.VALIDATION_FAILED.value, HTTP_STATUS[ErrorCode.VALIDATION_FAILED], message, details)

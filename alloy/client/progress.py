@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alloy.wire import JobStreamEvent
+
+if TYPE_CHECKING:  # rich loads only when a bar is drawn
+    from rich.progress import Progress, TaskID
 
 
 def describe(data: dict[str, Any]) -> str:
@@ -29,21 +32,23 @@ class ProgressDisplay:
     def __init__(self, job_id: str, enabled: bool = True):
         self.job_id = job_id
         self.enabled = enabled
-        self._progress = None
-        self._task = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
 
-    def __enter__(self) -> "ProgressDisplay":
+    def __enter__(self) -> ProgressDisplay:
         if self.enabled:
             from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                                      TextColumn("{task.fields[detail]}"))
-            self._progress.start()
-            self._task = self._progress.add_task(f"{self.job_id[:12]} CREATED", total=100, detail="")
+            progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TextColumn("{task.fields[detail]}")
+            )
+            progress.start()
+            self._progress = progress
+            self._task = progress.add_task(f"{self.job_id[:12]} CREATED", total=100, detail="")
         return self
 
     def update(self, event: JobStreamEvent) -> None:
-        if self._progress is None:
+        if self._progress is None or self._task is None:  # disabled: nothing is drawn
             return
         data = event.data
         state = data.get("to_state") or data.get("state") or ""

@@ -1,10 +1,10 @@
 """The synchronous client: ``Client`` and the ``Job`` / ``Evolution`` handles it returns.
 
-    from alloy.client import Client
-    with Client() as alloy:                      # ALLOY_URL and ALLOY_API_KEY from the environment
-        job = alloy.merge(["a", "b"], "ties", "a-b", base_model="base", parameters={"density": 0.5})
-        view = job.wait(progress=True)           # follows the job's live events
-        alloy.download_model(view.model_id, "out/")
+from alloy.client import Client
+with Client() as alloy:                      # ALLOY_URL and ALLOY_API_KEY from the environment
+    job = alloy.merge(["a", "b"], "ties", "a-b", base_model="base", parameters={"density": 0.5})
+    view = job.wait(progress=True)           # follows the job's live events
+    alloy.download_model(view.model_id, "out/")
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ DOWNLOAD_CHUNK = 1 << 20
 class Job:
     """A submitted job. ``view`` is the last state fetched; :meth:`refresh` fetches it again."""
 
-    def __init__(self, client: "Client", job_id: str):
+    def __init__(self, client: Client, job_id: str):
         self.client = client
         self.id = job_id
         self.view: JobView | None = None
@@ -61,8 +61,13 @@ class Job:
         if last_event_id:
             headers["Last-Event-ID"] = last_event_id
         # No read timeout: a stream is quiet between events (the server pings every 15 s).
-        with connect_sse(self.client.http, "GET", f"/jobs/{self.id}/events", headers=headers,
-                         timeout=httpx.Timeout(self.client.http.timeout.connect, read=None)) as source:
+        with connect_sse(
+            self.client.http,
+            "GET",
+            f"/jobs/{self.id}/events",
+            headers=headers,
+            timeout=httpx.Timeout(self.client.http.timeout.connect, read=None),
+        ) as source:
             if source.response.status_code >= 400:
                 source.response.read()
                 c.check(source.response)
@@ -85,8 +90,9 @@ class Job:
                 except (httpx.TransportError, httpx.StreamError):
                     continue  # reconnect with Last-Event-ID
                 # The stream closed without an end event (an ingress replica went away): check, then resume.
-                if self.refresh().state.value in c.TERMINAL_STATES:
-                    return self.view
+                view = self.refresh()
+                if view.state.value in c.TERMINAL_STATES:
+                    return view
 
     @property
     def model_id(self) -> str | None:
@@ -110,13 +116,20 @@ class Evolution(Job):
 
 
 class Client:
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
-                 timeout: float = c.DEFAULT_TIMEOUT_S, transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = c.DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ):
         self.base_url = c.resolve_url(base_url)
-        self.http = httpx.Client(base_url=self.base_url, headers=c.auth_headers(c.resolve_key(api_key)),
-                                 timeout=timeout, transport=transport)
+        self.http = httpx.Client(
+            base_url=self.base_url, headers=c.auth_headers(c.resolve_key(api_key)), timeout=timeout, transport=transport
+        )
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -136,15 +149,34 @@ class Client:
         return self._request("GET", path, **kwargs).json()
 
     # -- jobs -------------------------------------------------------------------------------------------------
-    def merge(self, models: list[str], strategy: str, output_model_id: str, *, variant: str | None = None,
-              base_model: str | None = None,
-              parameters: dict[str, Any] | None = None, model_parameters: dict[str, dict[str, Any]] | None = None,
-              slices: list[dict[str, Any]] | None = None, dtype: str | None = None, seed: int | None = None,
-              evaluate: dict[str, Any] | None = None) -> Job:
-        body = c.merge_body(models, strategy, output_model_id, variant=variant, base_model=base_model,
-                            parameters=parameters,
-                            model_parameters=model_parameters, slices=slices, dtype=dtype, seed=seed,
-                            evaluate=evaluate)
+    def merge(
+        self,
+        models: list[str],
+        strategy: str,
+        output_model_id: str,
+        *,
+        variant: str | None = None,
+        base_model: str | None = None,
+        parameters: dict[str, Any] | None = None,
+        model_parameters: dict[str, dict[str, Any]] | None = None,
+        slices: list[dict[str, Any]] | None = None,
+        dtype: str | None = None,
+        seed: int | None = None,
+        evaluate: dict[str, Any] | None = None,
+    ) -> Job:
+        body = c.merge_body(
+            models,
+            strategy,
+            output_model_id,
+            variant=variant,
+            base_model=base_model,
+            parameters=parameters,
+            model_parameters=model_parameters,
+            slices=slices,
+            dtype=dtype,
+            seed=seed,
+            evaluate=evaluate,
+        )
         return self.submit_merge(body)
 
     def submit_merge(self, body: dict[str, Any]) -> Job:
@@ -156,10 +188,12 @@ class Client:
         job.refresh()
         return job
 
-    def jobs(self, *, state: str | None = None, kind: str | None = None, offset: int = 0,
-             limit: int = 50) -> PageOf[JobView]:
-        params = {k: v for k, v in {"state": state, "kind": kind, "offset": offset, "limit": limit}.items()
-                  if v is not None}
+    def jobs(
+        self, *, state: str | None = None, kind: str | None = None, offset: int = 0, limit: int = 50
+    ) -> PageOf[JobView]:
+        params = {
+            k: v for k, v in {"state": state, "kind": kind, "offset": offset, "limit": limit}.items() if v is not None
+        }
         return PageOf[JobView].model_validate(self._get("/jobs", params=params))
 
     def evaluate(self, models: list[str], datasets: list[str], split: str = "test") -> Job:
@@ -192,11 +226,13 @@ class Client:
     def delete_model(self, model_id: str) -> None:
         self._request("DELETE", f"/models/{model_id}")
 
-    def register_dataset(self, dataset_id: str, source: str, *, splits: dict[str, Any] | None = None,
-                         task: dict[str, Any] | None = None) -> DatasetView:
+    def register_dataset(
+        self, dataset_id: str, source: str, *, splits: dict[str, Any] | None = None, task: dict[str, Any] | None = None
+    ) -> DatasetView:
         body = {"dataset_id": dataset_id, "source": source, "splits": splits, "task": task}
         return DatasetView.model_validate(
-            self._request("POST", "/datasets", json={k: v for k, v in body.items() if v is not None}).json())
+            self._request("POST", "/datasets", json={k: v for k, v in body.items() if v is not None}).json()
+        )
 
     def dataset(self, dataset_id: str) -> DatasetView:
         return DatasetView.model_validate(self._get(f"/datasets/{dataset_id}"))
@@ -239,20 +275,35 @@ class Client:
     def download_model(self, model_id: str, dest_dir: str | Path) -> list[Path]:
         """Every file of a registered model into ``dest_dir`` (resuming partial files)."""
         prefix = self.model(model_id).artifact_prefix or f"models/{model_id}"
-        return [self.download(a.key, Path(dest_dir) / a.key.rsplit("/", 1)[-1])
-                for a in self.artifacts(prefix.rstrip("/") + "/")]
+        return [
+            self.download(a.key, Path(dest_dir) / a.key.rsplit("/", 1)[-1])
+            for a in self.artifacts(prefix.rstrip("/") + "/")
+        ]
 
     # -- API keys (admin scope) ------------------------------------------------------------------------------
     def keys(self) -> list[KeyView]:
         return [KeyView.model_validate(k) for k in self._get("/admin/keys")]
 
-    def create_key(self, owner: str, scopes: list[str], *, read_limit: str | None = None,
-                   jobs_limit: str | None = None, expires_in_s: int | None = None) -> NewKeyView:
+    def create_key(
+        self,
+        owner: str,
+        scopes: list[str],
+        *,
+        read_limit: str | None = None,
+        jobs_limit: str | None = None,
+        expires_in_s: int | None = None,
+    ) -> NewKeyView:
         """A new key; its secret (``.key``) is in this answer only."""
-        body = {"owner": owner, "scopes": scopes, "read_limit": read_limit, "jobs_limit": jobs_limit,
-                "expires_in_s": expires_in_s}
+        body = {
+            "owner": owner,
+            "scopes": scopes,
+            "read_limit": read_limit,
+            "jobs_limit": jobs_limit,
+            "expires_in_s": expires_in_s,
+        }
         return NewKeyView.model_validate(
-            self._request("POST", "/admin/keys", json={k: v for k, v in body.items() if v is not None}).json())
+            self._request("POST", "/admin/keys", json={k: v for k, v in body.items() if v is not None}).json()
+        )
 
     def revoke_key(self, key_id: str) -> KeyView:
         return KeyView.model_validate(self._request("DELETE", f"/admin/keys/{key_id}").json())

@@ -8,7 +8,7 @@ incompatible shapes at once; the runner (:mod:`alloy.jobs.merge_runner`) validat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,7 +22,11 @@ from alloy.registry.models import ModelRegistry
 from kernels.registry import METHODS
 
 # The merge methods (mergekit names), each a variant of one strategy family: an enum in the OpenAPI schema.
-MethodName = Literal[tuple(sorted(METHODS))]  # type: ignore[valid-type]
+# (A Literal built at run time: mypy sees a plain str.)
+if TYPE_CHECKING:
+    MethodName = str
+else:
+    MethodName = Literal[tuple(sorted(METHODS))]
 
 
 class EvaluateSpec(BaseModel):

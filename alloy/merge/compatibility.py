@@ -19,12 +19,20 @@ def first_layout_mismatch(reference: Layout, other: Layout) -> dict[str, Any] | 
     for name in sorted(set(reference) | set(other)):
         mine, theirs = reference.get(name), other.get(name)
         if mine is None or theirs is None or mine.shape != theirs.shape:
-            return {"tensor": name, "shapes": [list(mine.shape) if mine else None, list(theirs.shape) if theirs else None]}
+            return {
+                "tensor": name,
+                "shapes": [list(mine.shape) if mine else None, list(theirs.shape) if theirs else None],
+            }
     return None
 
 
-def check_layouts(recipe: MergeRecipe, layouts: Mapping[str, Layout], *,
-                  model_types: Mapping[str, Any] | None = None, hidden_sizes: Mapping[str, Any] | None = None) -> None:
+def check_layouts(
+    recipe: MergeRecipe,
+    layouts: Mapping[str, Layout],
+    *,
+    model_types: Mapping[str, Any] | None = None,
+    hidden_sizes: Mapping[str, Any] | None = None,
+) -> None:
     """INCOMPATIBLE_MODELS unless the models share architecture and tensor shapes (a sliced recipe: architecture
     and hidden size here; the shapes of the tensors merged together are checked when the plan pairs them).
     ``model_types``/``hidden_sizes`` come from config.json when known."""
@@ -39,20 +47,27 @@ def check_layouts(recipe: MergeRecipe, layouts: Mapping[str, Layout], *,
         if model_types.get(base) != model_types.get(model_id):
             raise incompatible(
                 f"{model_id!r} is a {model_types.get(model_id)} model but the base {base!r} is a {model_types.get(base)} model",
-                models=[base, model_id], architectures=[model_types.get(base), model_types.get(model_id)])
+                models=[base, model_id],
+                architectures=[model_types.get(base), model_types.get(model_id)],
+            )
         if recipe.slices:
             sizes = hidden_sizes or {}
             if sizes.get(base) != sizes.get(model_id):
                 raise incompatible(
                     f"sliced merges need one hidden size: {base!r} has {sizes.get(base)}, {model_id!r} has {sizes.get(model_id)}",
-                    models=[base, model_id], hidden_sizes=[sizes.get(base), sizes.get(model_id)])
+                    models=[base, model_id],
+                    hidden_sizes=[sizes.get(base), sizes.get(model_id)],
+                )
             continue
         mismatch = first_layout_mismatch(layouts[base], layouts[model_id])
         if mismatch is not None:
             shapes = mismatch["shapes"]
             raise incompatible(
                 f"tensor {mismatch['tensor']!r} is {_describe(shapes[0])} in {base!r} but {_describe(shapes[1])} in {model_id!r}",
-                tensor=mismatch["tensor"], shapes=shapes, models=[base, model_id])
+                tensor=mismatch["tensor"],
+                shapes=shapes,
+                models=[base, model_id],
+            )
 
 
 def _describe(shape: list[int] | None) -> str:

@@ -30,7 +30,12 @@ from alloy.merge.tensor_merge import compute_tensor
 from alloy.model_manifest import ModelManifest, read_manifest
 
 __all__ = [
-    "MergeCancelled", "MergeProgress", "MergeResult", "check_compatibility", "execute_merge", "merge_state_dicts",
+    "MergeCancelled",
+    "MergeProgress",
+    "MergeResult",
+    "check_compatibility",
+    "execute_merge",
+    "merge_state_dicts",
 ]
 
 DEFAULT_SHARD_BYTES = 2 * 1024**3
@@ -73,10 +78,15 @@ class MergeResult(BaseModel):
 def resolve_device(device: str | None) -> str:
     device = device or "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise AlloyError(ErrorCode.GPU_UNAVAILABLE, f"device {device!r} requested but no CUDA device is available",
-                         {"device": device})
+        raise AlloyError(
+            ErrorCode.GPU_UNAVAILABLE,
+            f"device {device!r} requested but no CUDA device is available",
+            {"device": device},
+        )
     if not (device == "cpu" or device.startswith("cuda")):
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"unknown device {device!r} (cpu, cuda, cuda:N)", {"field": "device"})
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED, f"unknown device {device!r} (cpu, cuda, cuda:N)", {"field": "device"}
+        )
     return device
 
 
@@ -113,18 +123,30 @@ def execute_merge(
     manifests = {m: read_manifest(model_folder(sources[m])) for m in recipe.model_ids}
     plan = prepare(recipe, manifests)
 
-    readers = open_readers(plan.model_ids, sources, manifests)  # adapters are checked here, before any write
+    readers = open_readers(list(plan.model_ids), sources, manifests)  # adapters are checked here, before any write
     staging = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:12]}"
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging.mkdir()
-        writer = ShardedWriter(staging, [PlannedTensor(t.output_name, t.dtype, t.shape) for t in plan.tasks],
-                               shard_bytes, metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy,
-                                                   "method": plan.method.name})
+        writer = ShardedWriter(
+            staging,
+            [PlannedTensor(t.output_name, t.dtype, t.shape) for t in plan.tasks],
+            shard_bytes,
+            metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy, "method": plan.method.name},
+        )
         try:
-            _run_tasks(plan, readers, writer, device=device, progress=progress, cancel=cancel,
-                       max_in_flight=max_in_flight, max_in_flight_bytes=max_in_flight_bytes, workers=workers,
-                       out_dir=out_dir)
+            _run_tasks(
+                plan,
+                readers,
+                writer,
+                device=device,
+                progress=progress,
+                cancel=cancel,
+                max_in_flight=max_in_flight,
+                max_in_flight_bytes=max_in_flight_bytes,
+                workers=workers,
+                out_dir=out_dir,
+            )
             writer.finish()
         finally:
             writer.close()
@@ -142,12 +164,28 @@ def execute_merge(
     finally:
         for reader in readers.values():
             reader.close()
-    return MergeResult(out_dir=out_dir, tensors=len(plan.tasks), bytes=writer.total_bytes,
-                       seconds=time.perf_counter() - started, manifest=read_manifest(out_dir))
+    return MergeResult(
+        out_dir=out_dir,
+        tensors=len(plan.tasks),
+        bytes=writer.total_bytes,
+        seconds=time.perf_counter() - started,
+        manifest=read_manifest(out_dir),
+    )
 
 
-def _run_tasks(plan: MergePlan, readers: Mapping[str, TensorReader], writer: ShardedWriter, *, device: str,
-               progress, cancel, max_in_flight: int, max_in_flight_bytes: int, workers: int, out_dir: Path) -> None:
+def _run_tasks(
+    plan: MergePlan,
+    readers: Mapping[str, TensorReader],
+    writer: ShardedWriter,
+    *,
+    device: str,
+    progress,
+    cancel,
+    max_in_flight: int,
+    max_in_flight_bytes: int,
+    workers: int,
+    out_dir: Path,
+) -> None:
     """Submit tasks in plan order while fewer than ``max_in_flight`` tasks and ``max_in_flight_bytes`` input
     bytes are in flight (a task larger than the byte budget runs alone); report each completion in order of
     completion from this thread."""
@@ -171,8 +209,9 @@ def _run_tasks(plan: MergePlan, readers: Mapping[str, TensorReader], writer: Sha
         while True:
             if cancel is not None and cancel.is_set():
                 raise MergeCancelled(out_dir)
-            finished, _ = wait(list(in_flight), timeout=CANCEL_POLL_S if block_until_one else 0,
-                               return_when=FIRST_COMPLETED)
+            finished, _ = wait(
+                list(in_flight), timeout=CANCEL_POLL_S if block_until_one else 0, return_when=FIRST_COMPLETED
+            )
             for future in finished:
                 cost = in_flight.pop(future)
                 budget_used -= cost
@@ -180,8 +219,15 @@ def _run_tasks(plan: MergePlan, readers: Mapping[str, TensorReader], writer: Sha
                 done += 1
                 bytes_done += written
                 if progress is not None:
-                    progress(MergeProgress(tensors_done=done, tensors_total=total, bytes_done=bytes_done,
-                                           bytes_total=writer.total_bytes, current=tasks_by_future.pop(future)))
+                    progress(
+                        MergeProgress(
+                            tensors_done=done,
+                            tensors_total=total,
+                            bytes_done=bytes_done,
+                            bytes_total=writer.total_bytes,
+                            current=tasks_by_future.pop(future),
+                        )
+                    )
             if finished or not block_until_one:
                 return
 
@@ -209,8 +255,9 @@ def _run_tasks(plan: MergePlan, readers: Mapping[str, TensorReader], writer: Sha
         pool.shutdown(wait=True)
 
 
-def merge_state_dicts(recipe: MergeRecipe, state_dicts: Mapping[str, Mapping[str, torch.Tensor]], *,
-                      device: str = "cpu") -> dict[str, torch.Tensor]:
+def merge_state_dicts(
+    recipe: MergeRecipe, state_dicts: Mapping[str, Mapping[str, torch.Tensor]], *, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
     """The same merge fully in memory (evolution's candidates): bit-identical to :func:`execute_merge` for the
     same recipe and seed. Inputs are not modified."""
     device = resolve_device(device)

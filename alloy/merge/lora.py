@@ -42,9 +42,11 @@ def split_reference(reference: str) -> tuple[str, str | None]:
         return reference, None
     model, _, adapter = reference.partition(SEPARATOR)
     if not model or not adapter or SEPARATOR in adapter:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED,
-                         f"model reference {reference!r} must be 'model+adapter' (one '+', both parts named)",
-                         {"field": "model", "model": reference})
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED,
+            f"model reference {reference!r} must be 'model+adapter' (one '+', both parts named)",
+            {"field": "model", "model": reference},
+        )
     return model, adapter
 
 
@@ -100,8 +102,11 @@ class AdapterConfig(BaseModel):
 
 
 def _refuse(reference: str, message: str, **details: Any) -> AlloyError:
-    return AlloyError(ErrorCode.VALIDATION_FAILED, f"adapter of {reference!r}: {message}",
-                      {"field": "model", "model": reference, **details})
+    return AlloyError(
+        ErrorCode.VALIDATION_FAILED,
+        f"adapter of {reference!r}: {message}",
+        {"field": "model", "model": reference, **details},
+    )
 
 
 def read_adapter_config(folder: Path, reference: str) -> AdapterConfig:
@@ -128,8 +133,11 @@ def _weights_file(folder: Path, reference: str) -> Path:
         return path
     pickled = [name for name in PICKLED_WEIGHTS if (folder / name).exists()]
     if pickled:
-        raise _refuse(reference, f"{pickled[0]} is a pickle: adapters are read from {WEIGHTS_FILE} only "
-                                 "(pickles are never loaded)", file=pickled[0])
+        raise _refuse(
+            reference,
+            f"{pickled[0]} is a pickle: adapters are read from {WEIGHTS_FILE} only (pickles are never loaded)",
+            file=pickled[0],
+        )
     raise _refuse(reference, f"{WEIGHTS_FILE} is missing", file=WEIGHTS_FILE)
 
 
@@ -145,10 +153,13 @@ def _pairs(header: dict[str, Any], reference: str) -> dict[str, tuple[str, str]]
     for name in header:
         suffix = next((s for s in PAIR_SUFFIXES if name.endswith(s)), None)
         if suffix is None or not name.startswith(NAME_PREFIX):
-            raise _refuse(reference, f"tensor {name!r} is not a LoRA A/B weight of a linear layer "
-                                     f"(expected {NAME_PREFIX}<module>.lora_A.weight / .lora_B.weight)",
-                          tensor=name)
-        module = name[len(NAME_PREFIX):-len(suffix)]
+            raise _refuse(
+                reference,
+                f"tensor {name!r} is not a LoRA A/B weight of a linear layer "
+                f"(expected {NAME_PREFIX}<module>.lora_A.weight / .lora_B.weight)",
+                tensor=name,
+            )
+        module = name[len(NAME_PREFIX) : -len(suffix)]
         halves.setdefault(f"{module}.weight", {})[suffix] = name
     out = {}
     for target, found in halves.items():
@@ -176,8 +187,7 @@ class LoraReader:
             if not self.names:
                 raise _refuse(reference, f"{WEIGHTS_FILE} holds no LoRA weights", file=WEIGHTS_FILE)
             for target, (a, b) in self.names.items():
-                self._check(target, LoraPair(self._adapter.tensors[a], self._adapter.tensors[b]), manifest,
-                            reference)
+                self._check(target, LoraPair(self._adapter.tensors[a], self._adapter.tensors[b]), manifest, reference)
         except BaseException:
             self._adapter.close()
             raise
@@ -188,18 +198,24 @@ class LoraReader:
             raise _refuse(reference, f"targets {target!r}, which the base model does not have", tensor=target)
         for half in (pair.a, pair.b):
             if TORCH_DTYPES.get(half.dtype) not in FLOAT_DTYPES:
-                raise _refuse(reference, f"{target}: LoRA weights must be floating point, got {half.dtype}",
-                              tensor=target)
+                raise _refuse(
+                    reference, f"{target}: LoRA weights must be floating point, got {half.dtype}", tensor=target
+                )
         rank = self.config.r
         if len(pair.a.shape) != 2 or len(pair.b.shape) != 2 or pair.a.shape[0] != rank or pair.b.shape[1] != rank:
-            raise _refuse(reference, f"{target}: lora_A {list(pair.a.shape)} and lora_B {list(pair.b.shape)} "
-                                     f"are not [r, in] and [out, r] with r = {rank}", tensor=target)
+            raise _refuse(
+                reference,
+                f"{target}: lora_A {list(pair.a.shape)} and lora_B {list(pair.b.shape)} "
+                f"are not [r, in] and [out, r] with r = {rank}",
+                tensor=target,
+            )
         delta = (pair.b.shape[0], pair.a.shape[1])
         if self.config.fan_in_fan_out:
             delta = delta[::-1]
         if tuple(info.shape) != delta:
-            raise _refuse(reference, f"{target}: B @ A is {list(delta)} but the base tensor is {info.shape}",
-                          tensor=target)
+            raise _refuse(
+                reference, f"{target}: B @ A is {list(delta)} but the base tensor is {info.shape}", tensor=target
+            )
 
     def read(self, name: str) -> torch.Tensor:
         weight = self.base.read(name)
@@ -231,8 +247,9 @@ def open_reader(model_id: str, source: Path | LoraSource, manifest: ModelManifes
         raise
 
 
-def open_readers(model_ids: list[str], sources: Mapping[str, Path | LoraSource],
-                 manifests: Mapping[str, ModelManifest]) -> dict[str, TensorReader]:
+def open_readers(
+    model_ids: list[str], sources: Mapping[str, Path | LoraSource], manifests: Mapping[str, ModelManifest]
+) -> dict[str, TensorReader]:
     """One reader per model; a ``base+adapter`` id must come with a :class:`LoraSource` (and only such an id)."""
     readers: dict[str, TensorReader] = {}
     try:
@@ -240,9 +257,12 @@ def open_readers(model_ids: list[str], sources: Mapping[str, Path | LoraSource],
             source = sources[model_id]
             is_lora = split_reference(model_id)[1] is not None
             if is_lora != isinstance(source, LoraSource):
-                raise AlloyError(ErrorCode.VALIDATION_FAILED,
-                                 f"model {model_id!r}: a 'model+adapter' reference needs a base and an adapter "
-                                 "folder, a plain model one folder", {"field": "model", "model": model_id})
+                raise AlloyError(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"model {model_id!r}: a 'model+adapter' reference needs a base and an adapter "
+                    "folder, a plain model one folder",
+                    {"field": "model", "model": model_id},
+                )
             readers[model_id] = open_reader(model_id, source, manifests[model_id])
     except BaseException:
         for reader in readers.values():

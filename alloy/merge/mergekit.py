@@ -35,8 +35,15 @@ from alloy.merge.lora import split_reference
 from alloy.merge.methods import get_method
 from alloy.merge.recipe import MergeRecipe, recipe_validation_error
 
-DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-                 "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+DTYPE_ALIASES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
 TOP_LEVEL_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype"}
 MODEL_KEYS = {"model", "parameters"}
 SLICE_KEYS = {"sources", "base_model", "parameters"}
@@ -63,9 +70,11 @@ def load_recipe_yaml(text: str) -> MergeRecipe:
         return from_mergekit(data, text)
     if "strategy" in data:
         return from_alloy(data)
-    raise AlloyError(ErrorCode.VALIDATION_FAILED,
-                     "recipe has neither 'strategy' (Alloy format) nor 'merge_method' (mergekit format)",
-                     {"field": "strategy"})
+    raise AlloyError(
+        ErrorCode.VALIDATION_FAILED,
+        "recipe has neither 'strategy' (Alloy format) nor 'merge_method' (mergekit format)",
+        {"field": "strategy"},
+    )
 
 
 def _short(exc: yaml.YAMLError) -> str:
@@ -150,8 +159,9 @@ def _coerce(value: Any, type_: type) -> Any:
     (``normalize: 1`` is true, ``tol: "1e-5"``, which YAML reads as a string, is a number). What does not convert
     is left for validation to refuse by name."""
     if isinstance(value, list):
-        return [dict(v, value=_coerce(v.get("value"), type_)) if isinstance(v, dict) else _coerce(v, type_)
-                for v in value]
+        return [
+            dict(v, value=_coerce(v.get("value"), type_)) if isinstance(v, dict) else _coerce(v, type_) for v in value
+        ]
     if isinstance(value, dict):
         return dict(value, value=_coerce(value.get("value"), type_))
     try:
@@ -164,8 +174,10 @@ def _model_entry(entry: Any, field: str) -> dict[str, Any]:
     if isinstance(entry, str):
         return {"model": _model_name(entry, field)}
     _check_keys(entry, MODEL_KEYS, field)
-    return {"model": _model_name(entry.get("model"), f"{field}.model"),
-            "parameters": _params(entry.get("parameters"), f"{field}.parameters")}
+    return {
+        "model": _model_name(entry.get("model"), f"{field}.model"),
+        "parameters": _params(entry.get("parameters"), f"{field}.parameters"),
+    }
 
 
 def _slice_entry(entry: Any, field: str) -> dict[str, Any]:
@@ -180,11 +192,17 @@ def _slice_entry(entry: Any, field: str) -> dict[str, Any]:
         where = f"{field}.sources.{j}"
         _check_keys(source, SOURCE_KEYS, where)
         layer_range = source.get("layer_range")
-        if not (isinstance(layer_range, list) and len(layer_range) == 2 and all(isinstance(v, int) for v in layer_range)):
+        if not (
+            isinstance(layer_range, list) and len(layer_range) == 2 and all(isinstance(v, int) for v in layer_range)
+        ):
             raise _refuse(f"{where}.layer_range", "must be [start, end] (end exclusive)")
-        out["sources"].append({"model": _model_name(source.get("model"), f"{where}.model"),
-                               "layer_range": tuple(layer_range),
-                               "parameters": _params(source.get("parameters"), f"{where}.parameters")})
+        out["sources"].append(
+            {
+                "model": _model_name(source.get("model"), f"{where}.model"),
+                "layer_range": tuple(layer_range),
+                "parameters": _params(source.get("parameters"), f"{where}.parameters"),
+            }
+        )
     return out
 
 

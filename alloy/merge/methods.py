@@ -15,8 +15,13 @@ from kernels.registry import get_method as kernel_method
 # The HTTP ``strategy`` field takes exactly these (service spec); every method is a variant of one of them.
 FAMILIES = ("slerp", "ties", "dare", "task_arithmetic", "franken_merge")
 # The variant a family means when the request names none.
-DEFAULT_VARIANT = {"slerp": "slerp", "ties": "ties", "dare": "dare_linear", "task_arithmetic": "task_arithmetic",
-                   "franken_merge": "passthrough"}
+DEFAULT_VARIANT = {
+    "slerp": "slerp",
+    "ties": "ties",
+    "dare": "dare_linear",
+    "task_arithmetic": "task_arithmetic",
+    "franken_merge": "passthrough",
+}
 
 
 def is_shared(param: ParamSpec) -> bool:
@@ -39,16 +44,21 @@ def get_method(name: str) -> MethodSpec:
     try:
         return kernel_method(name)
     except UnknownStrategyError as exc:
-        raise AlloyError(ErrorCode.INVALID_STRATEGY, f"merge method {name!r} is not available; known: "
-                         f"{', '.join(exc.known)}", {"strategy": name, "known": exc.known}) from None
+        raise AlloyError(
+            ErrorCode.INVALID_STRATEGY,
+            f"merge method {name!r} is not available; known: {', '.join(exc.known)}",
+            {"strategy": name, "known": exc.known},
+        ) from None
 
 
 def check_family(strategy: str) -> None:
     if strategy not in FAMILIES:
-        raise AlloyError(ErrorCode.INVALID_STRATEGY,
-                         f"unknown strategy {strategy!r}; strategy is one of {', '.join(FAMILIES)} "
-                         "(a mergekit method name goes in 'variant')",
-                         {"strategy": strategy, "known": list(FAMILIES)})
+        raise AlloyError(
+            ErrorCode.INVALID_STRATEGY,
+            f"unknown strategy {strategy!r}; strategy is one of {', '.join(FAMILIES)} "
+            "(a mergekit method name goes in 'variant')",
+            {"strategy": strategy, "known": list(FAMILIES)},
+        )
 
 
 def resolve_variant(strategy: str, variant: str | None, parameters: Mapping[str, Any]) -> MethodSpec:
@@ -64,9 +74,11 @@ def resolve_variant(strategy: str, variant: str | None, parameters: Mapping[str,
             variant = "dare_ties"
     method = get_method(variant)
     if method.family != strategy:
-        raise AlloyError(ErrorCode.INVALID_STRATEGY,
-                         f"variant {variant!r} belongs to the {method.family} family, not {strategy}",
-                         {"field": "variant", "strategy": strategy, "variant": variant})
+        raise AlloyError(
+            ErrorCode.INVALID_STRATEGY,
+            f"variant {variant!r} belongs to the {method.family} family, not {strategy}",
+            {"field": "variant", "strategy": strategy, "variant": variant},
+        )
     return method
 
 

@@ -14,8 +14,15 @@ from alloy.merge.plan import MergePlan, output_config
 
 # Files copied verbatim from the base model (tokenizer and generation settings).
 BASE_FILE_PATTERNS = (
-    "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "spiece.model",
-    "generation_config.json", "chat_template.*", "preprocessor_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "spiece.model",
+    "generation_config.json",
+    "chat_template.*",
+    "preprocessor_config.json",
 )
 
 
@@ -53,8 +60,13 @@ def write_recipe_files(plan: MergePlan, out_dir: Path) -> None:
 def card_metadata(plan: MergePlan) -> dict[str, Any]:
     """The model card's front matter: the models merged (base first), tags, the method and its family."""
     models = [plan.base_id] + [m for m in plan.model_ids if m != plan.base_id]
-    return {"base_model": models, "tags": ["merge", "alloy"], "merge_method": plan.method.name,
-            "merge_strategy": plan.recipe.strategy, "library_name": "transformers"}
+    return {
+        "base_model": models,
+        "tags": ["merge", "alloy"],
+        "merge_method": plan.method.name,
+        "merge_strategy": plan.recipe.strategy,
+        "library_name": "transformers",
+    }
 
 
 def write_model_card(plan: MergePlan, out_dir: Path) -> None:

@@ -93,9 +93,9 @@ def stack_sizes(names: list[str] | Any) -> dict[str, int]:
     """Layers per stack, in order of first appearance."""
     sizes: dict[str, int] = {}
     for name in names:
-        stack = layer_stack(name)
-        if stack is not None:
-            sizes[stack] = max(sizes.get(stack, 0), layer_index(name) + 1)
+        stack, index = layer_stack(name), layer_index(name)
+        if stack is not None and index is not None:
+            sizes[stack] = max(sizes.get(stack, 0), index + 1)
     return sizes
 
 
@@ -104,8 +104,9 @@ def natural_key(name: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in name.replace("-", ".").split(".")]
 
 
-def concrete_slices(recipe: MergeRecipe, layer_counts: Mapping[str, int],
-                    stacks_by_model: Mapping[str, Mapping[str, int]] | None = None) -> tuple[OutputSlice, ...]:
+def concrete_slices(
+    recipe: MergeRecipe, layer_counts: Mapping[str, int], stacks_by_model: Mapping[str, Mapping[str, int]] | None = None
+) -> tuple[OutputSlice, ...]:
     """The recipe's output slices with their ranges checked against the models (VALIDATION_FAILED naming the
     slice), or the one slice over every layer of a ``models:`` recipe (mergekit: base added, without parameters)."""
     if not recipe.slices:
@@ -120,7 +121,9 @@ def concrete_slices(recipe: MergeRecipe, layer_counts: Mapping[str, int],
             raise AlloyError(
                 ErrorCode.VALIDATION_FAILED,
                 f"{model!r} has several layer stacks ({', '.join(stacks)}): slicing it needs mergekit's modules: "
-                "syntax, which Alloy does not support; merge it with models: instead", {"field": "slices"})
+                "syntax, which Alloy does not support; merge it with models: instead",
+                {"field": "slices"},
+            )
     for k, piece in enumerate(recipe.slices):
         for j, source in enumerate(piece.sources):
             available = layer_counts[source.model]
@@ -129,7 +132,9 @@ def concrete_slices(recipe: MergeRecipe, layer_counts: Mapping[str, int],
                 raise AlloyError(
                     ErrorCode.VALIDATION_FAILED,
                     f"slice {k}: layer_range [{start}, {end}) is outside {source.model!r}'s {available} layers "
-                    "(end is exclusive)", {"parameter": "slices", "field": f"slices.{k}.sources.{j}.layer_range"})
+                    "(end is exclusive)",
+                    {"parameter": "slices", "field": f"slices.{k}.sources.{j}.layer_range"},
+                )
     return tuple(piece.model_copy(update={"base_model": slice_base(recipe, piece)}) for piece in recipe.slices)
 
 
@@ -150,8 +155,9 @@ def build_plan(recipe: MergeRecipe, layouts: Mapping[str, Layout]) -> MergePlan:
         only = slices[0]
         builder.outside_layers(only, 0, lambda name: True)
         for stack, size in stacks[_reference(only).model].items():
-            piece = only.model_copy(update={"sources": [s.model_copy(update={"layer_range": (0, size)})
-                                                        for s in only.sources]})
+            piece = only.model_copy(
+                update={"sources": [s.model_copy(update={"layer_range": (0, size)}) for s in only.sources]}
+            )
             builder.layers(piece, 0, 0, stack=stack)
     elif slices:
         first, last = slices[0], slices[-1]
@@ -160,12 +166,21 @@ def build_plan(recipe: MergeRecipe, layouts: Mapping[str, Layout]) -> MergePlan:
             origins += builder.layers(piece, k, len(origins))
         builder.outside_layers(last, len(slices) - 1, lambda name: not is_embedding(name))
     else:  # no layer stack at all: every tensor merged as a whole
-        only = OutputSlice(sources=[SliceSource(model=m, layer_range=(0, 1)) for m in recipe.model_ids],
-                           base_model=models_base(recipe))
+        only = OutputSlice(
+            sources=[SliceSource(model=m, layer_range=(0, 1)) for m in recipe.model_ids], base_model=models_base(recipe)
+        )
         builder.outside_layers(only, 0, lambda name: True)
         slices = (only,)
-    return MergePlan(recipe, method, tuple(recipe.model_ids), base_id, slices, tuple(builder.tasks),
-                     len(origins) if recipe.slices else None, tuple(origins))
+    return MergePlan(
+        recipe,
+        method,
+        tuple(recipe.model_ids),
+        base_id,
+        slices,
+        tuple(builder.tasks),
+        len(origins) if recipe.slices else None,
+        tuple(origins),
+    )
 
 
 def _reference(piece: OutputSlice) -> SliceSource:
@@ -214,8 +229,9 @@ class _TaskBuilder:
             origins.append(ref_layer)
         return origins
 
-    def add(self, output_name: str, sources: list[tuple[str, str]], piece: OutputSlice, slice_index: int,
-            depth: float) -> None:
+    def add(
+        self, output_name: str, sources: list[tuple[str, str]], piece: OutputSlice, slice_index: int, depth: float
+    ) -> None:
         models = [m for m, _ in sources]
         position = models.index(piece.base_model) if piece.base_model in models else None
         base_index = position if self.with_base else None
@@ -227,25 +243,29 @@ class _TaskBuilder:
             meta = self.layouts[model].get(name)
             if meta is None or ref_meta is None or meta.shape != ref_meta.shape:
                 shapes = [list(ref_meta.shape) if ref_meta else None, list(meta.shape) if meta else None]
-                raise AlloyError(ErrorCode.INCOMPATIBLE_MODELS,
-                                 f"tensor {name!r} is {_describe(shapes[1])} in {model!r} but "
-                                 f"{_describe(shapes[0])} in {ref_model!r}",
-                                 {"tensor": name, "shapes": shapes, "models": [ref_model, model]})
+                raise AlloyError(
+                    ErrorCode.INCOMPATIBLE_MODELS,
+                    f"tensor {name!r} is {_describe(shapes[1])} in {model!r} but "
+                    f"{_describe(shapes[0])} in {ref_model!r}",
+                    {"tensor": name, "shapes": shapes, "models": [ref_model, model]},
+                )
             metas.append(meta)
         meta = metas[reference]
         floating = meta.dtype.is_floating_point
-        self.tasks.append(TensorTask(
-            output_name=output_name,
-            sources=tuple(sources) if floating else (sources[reference],),
-            shape=meta.shape,
-            dtype=(self.output_dtype or meta.dtype) if floating else meta.dtype,
-            depth=depth,
-            compute=floating,
-            # inputs plus the float32 result: what a kernel holds at least
-            input_bytes=meta.numel * 4 * (len(sources) + 1 if floating else 1),
-            slice_index=slice_index,
-            base_index=base_index if floating else None,
-        ))
+        self.tasks.append(
+            TensorTask(
+                output_name=output_name,
+                sources=tuple(sources) if floating else (sources[reference],),
+                shape=meta.shape,
+                dtype=(self.output_dtype or meta.dtype) if floating else meta.dtype,
+                depth=depth,
+                compute=floating,
+                # inputs plus the float32 result: what a kernel holds at least
+                input_bytes=meta.numel * 4 * (len(sources) + 1 if floating else 1),
+                slice_index=slice_index,
+                base_index=base_index if floating else None,
+            )
+        )
 
 
 def _describe(shape: list[int] | None) -> str:
@@ -282,8 +302,11 @@ def layout_from_manifest(manifest) -> dict[str, TensorMeta]:
     for name, info in manifest.tensors.items():
         dtype = TORCH_DTYPES.get(info.dtype)
         if dtype is None:
-            raise AlloyError(ErrorCode.VALIDATION_FAILED, f"tensor {name!r} has unsupported dtype {info.dtype}",
-                             {"tensor": name, "dtype": info.dtype})
+            raise AlloyError(
+                ErrorCode.VALIDATION_FAILED,
+                f"tensor {name!r} has unsupported dtype {info.dtype}",
+                {"tensor": name, "dtype": info.dtype},
+            )
         layout[name] = TensorMeta(tuple(info.shape), dtype)
     return layout
 

@@ -124,7 +124,7 @@ class MergeRecipe(BaseModel):
         return out
 
     @model_validator(mode="after")
-    def _models_from_slices(self) -> "MergeRecipe":
+    def _models_from_slices(self) -> MergeRecipe:
         # A sliced recipe may list only slices; its models are then the slices' models, in order of appearance.
         if not self.models and self.slices:
             seen: list[str] = []
@@ -187,14 +187,17 @@ class MergeRecipe(BaseModel):
         dtype: str | None = None,
         seed: int | None = None,
         **_ignored: Any,
-    ) -> "MergeRecipe":
+    ) -> MergeRecipe:
         """Build (without validating the strategy) from the HTTP request's fields; unknown ids in
         ``model_parameters`` are refused. Extra fields (``output_model_id``...) are ignored."""
         model_parameters = model_parameters or {}
         stray = sorted(set(model_parameters) - set(models) - ({base_model} if base_model else set()))
         if stray:
-            raise AlloyError(ErrorCode.VALIDATION_FAILED, f"model_parameters names models not in the merge: {stray}",
-                             {"field": "model_parameters", "models": stray})
+            raise AlloyError(
+                ErrorCode.VALIDATION_FAILED,
+                f"model_parameters names models not in the merge: {stray}",
+                {"field": "model_parameters", "models": stray},
+            )
         try:
             return cls(
                 strategy=strategy,

@@ -63,13 +63,15 @@ def _check_params(method: Any, field: str, params: dict[str, Any], shared_allowe
             spec = _param(method, key)
             if is_shared(spec) and not shared_allowed:
                 raise InvalidParameterError(
-                    key, f"is one value for all inputs of {method.name}: set it in the recipe's or a slice's parameters")
+                    key, f"is one value for all inputs of {method.name}: set it in the recipe's or a slice's parameters"
+                )
             spec.check(value)
         except InvalidParameterError as exc:
             raise parameter_error(exc, f"{field}.{key}") from None
 
 
 # --- inputs -------------------------------------------------------------------------------------------------
+
 
 def slice_base(recipe: MergeRecipe, piece: OutputSlice) -> str | None:
     """The base of one output slice: its own, the recipe's, or (Alloy-native only) its first source."""
@@ -88,12 +90,18 @@ def _check_models(recipe: MergeRecipe, method: Any) -> None:
     if len(set(ids)) != len(ids):
         raise AlloyError(ErrorCode.VALIDATION_FAILED, "a model is listed twice", {"field": "models"})
     if len(recipe.model_ids) > MAX_MODELS:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"a merge reads at most {MAX_MODELS} models, got "
-                         f"{len(recipe.model_ids)}", {"field": "models", "count": len(recipe.model_ids)})
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED,
+            f"a merge reads at most {MAX_MODELS} models, got {len(recipe.model_ids)}",
+            {"field": "models", "count": len(recipe.model_ids)},
+        )
     if not recipe.is_mergekit and method.family != "franken_merge" and len(recipe.model_ids) < MIN_MODELS:
         # the service's rule (a merge of one model is a copy); mergekit recipes keep mergekit's contract
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"a merge takes {MIN_MODELS} to {MAX_MODELS} models, got "
-                         f"{len(recipe.model_ids)}", {"field": "models", "count": len(recipe.model_ids)})
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED,
+            f"a merge takes {MIN_MODELS} to {MAX_MODELS} models, got {len(recipe.model_ids)}",
+            {"field": "models", "count": len(recipe.model_ids)},
+        )
     if not recipe.models and not recipe.slices:
         raise AlloyError(ErrorCode.VALIDATION_FAILED, "the recipe names no models", {"field": "models"})
     if method.family == "franken_merge" and not recipe.slices and not recipe.is_mergekit:
@@ -109,30 +117,44 @@ def _check_groups(recipe: MergeRecipe, method: Any) -> None:
     for k, piece in enumerate(recipe.slices):
         inputs = [s.model for s in piece.sources]
         if len(set(inputs)) != len(inputs):
-            raise AlloyError(ErrorCode.VALIDATION_FAILED, f"slice {k} lists a model twice",
-                             {"field": f"slices.{k}.sources"})
+            raise AlloyError(
+                ErrorCode.VALIDATION_FAILED, f"slice {k} lists a model twice", {"field": f"slices.{k}.sources"}
+            )
         lengths = {s.layer_range[1] - s.layer_range[0] for s in piece.sources}
         if len(lengths) != 1:
-            raise AlloyError(ErrorCode.VALIDATION_FAILED, f"the sources of slice {k} must have the same number of "
-                             "layers", {"field": f"slices.{k}.sources"})
-        _check_inputs(method, inputs, slice_base(recipe, piece), f"slices.{k}.sources",
-                      f"slices.{k}.base_model" if piece.base_model else "base_model")
+            raise AlloyError(
+                ErrorCode.VALIDATION_FAILED,
+                f"the sources of slice {k} must have the same number of layers",
+                {"field": f"slices.{k}.sources"},
+            )
+        _check_inputs(
+            method,
+            inputs,
+            slice_base(recipe, piece),
+            f"slices.{k}.sources",
+            f"slices.{k}.base_model" if piece.base_model else "base_model",
+        )
 
 
 def _check_inputs(method: Any, inputs: list[str], base: str | None, field: str, base_field: str) -> None:
     """mergekit's input contract: a base it uses must be one of the inputs; counts with and without it."""
     if base is not None and uses_base(method) and base not in inputs:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"base model {base!r} is not among the inputs of {field}",
-                         {"field": base_field})
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED,
+            f"base model {base!r} is not among the inputs of {field}",
+            {"field": base_field},
+        )
     try:
         method.check_inputs(len(inputs), base is not None and base in inputs)
     except InvalidParameterError as exc:
         where = base_field if exc.param == "base_model" else field
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"{exc.msg} (in {where})",
-                         {"field": where, "count": len(inputs)}) from None
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED, f"{exc.msg} (in {where})", {"field": where, "count": len(inputs)}
+        ) from None
 
 
 # --- Alloy-native spellings ------------------------------------------------------------------------------------
+
 
 def _alloy_spellings(recipe: MergeRecipe, method: Any) -> MergeRecipe:
     names = {p.name for p in method.params}
@@ -146,20 +168,28 @@ def _alloy_spellings(recipe: MergeRecipe, method: Any) -> MergeRecipe:
             elif key == "consensus" and method.family == "dare":
                 wanted = method.name == "dare_ties"
                 if value is not wanted:
-                    raise AlloyError(ErrorCode.VALIDATION_FAILED,
-                                     f"consensus: {value} contradicts variant {method.name}", {"field": f"{field}.{key}"})
+                    raise AlloyError(
+                        ErrorCode.VALIDATION_FAILED,
+                        f"consensus: {value} contradicts variant {method.name}",
+                        {"field": f"{field}.{key}"},
+                    )
                 continue
             elif key == "epsilon" and method.family == "ties" and "epsilon" not in names:
                 if _all_zero(value):
                     continue
-                raise AlloyError(ErrorCode.VALIDATION_FAILED,
-                                 f"{method.name} has no epsilon (epsilon > 0 is DELLA's MagPrune: variant della)",
-                                 {"field": f"{field}.{key}", "parameter": key})
+                raise AlloyError(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"{method.name} has no epsilon (epsilon > 0 is DELLA's MagPrune: variant della)",
+                    {"field": f"{field}.{key}", "parameter": key},
+                )
             elif key == "scale" and "scale" not in names and "lambda" in names:
                 new_key = "lambda"
             if new_key in out:
-                raise AlloyError(ErrorCode.VALIDATION_FAILED, f"{new_key} given twice ({key!r} is an alias)",
-                                 {"field": f"{field}.{key}", "parameter": key})
+                raise AlloyError(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"{new_key} given twice ({key!r} is an alias)",
+                    {"field": f"{field}.{key}", "parameter": key},
+                )
             out[new_key] = new_value
         return out
 
@@ -168,16 +198,27 @@ def _alloy_spellings(recipe: MergeRecipe, method: Any) -> MergeRecipe:
     for key, value in defaults.items():
         if key in names:
             parameters.setdefault(key, value)
-    models = [ModelRef(model=m.model, parameters=translate(m.parameters, f"models.{i}.parameters"))
-              for i, m in enumerate(recipe.models)]
+    models = [
+        ModelRef(model=m.model, parameters=translate(m.parameters, f"models.{i}.parameters"))
+        for i, m in enumerate(recipe.models)
+    ]
     slices = None
     if recipe.slices:
-        slices = [OutputSlice(base_model=piece.base_model,
-                              parameters=translate(piece.parameters, f"slices.{k}.parameters"),
-                              sources=[SliceSource(model=s.model, layer_range=s.layer_range,
-                                                   parameters=translate(s.parameters, f"slices.{k}.sources.{j}.parameters"))
-                                       for j, s in enumerate(piece.sources)])
-                  for k, piece in enumerate(recipe.slices)]
+        slices = [
+            OutputSlice(
+                base_model=piece.base_model,
+                parameters=translate(piece.parameters, f"slices.{k}.parameters"),
+                sources=[
+                    SliceSource(
+                        model=s.model,
+                        layer_range=s.layer_range,
+                        parameters=translate(s.parameters, f"slices.{k}.sources.{j}.parameters"),
+                    )
+                    for j, s in enumerate(piece.sources)
+                ],
+            )
+            for k, piece in enumerate(recipe.slices)
+        ]
     return recipe.model_copy(update={"parameters": parameters, "models": models, "slices": slices})
 
 

@@ -23,8 +23,15 @@ from alloy.errors import AlloyError, ErrorCode
 from alloy.model_manifest import ModelManifest
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
     "BOOL": torch.bool,
 }
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
@@ -80,7 +87,9 @@ class SafetensorsReader:
             header.pop("__metadata__", None)
             for name, info in header.items():
                 begin, end = info["data_offsets"]
-                self.tensors[name] = StoredTensor(path, info["dtype"], tuple(info["shape"]), 8 + length + begin, end - begin)
+                self.tensors[name] = StoredTensor(
+                    path, info["dtype"], tuple(info["shape"]), 8 + length + begin, end - begin
+                )
         self._fds: dict[Path, int] = {}
         self._lock = threading.Lock()
 
@@ -151,7 +160,9 @@ def split_into_shards(tensors: list[PlannedTensor], shard_bytes: int) -> list[li
 class ShardedWriter:
     """Writes planned tensors into preallocated shards plus ``model.safetensors.index.json``."""
 
-    def __init__(self, out_dir: Path, tensors: list[PlannedTensor], shard_bytes: int, metadata: dict[str, str] | None = None):
+    def __init__(
+        self, out_dir: Path, tensors: list[PlannedTensor], shard_bytes: int, metadata: dict[str, str] | None = None
+    ):
         self.out_dir = Path(out_dir)
         self.slots: dict[str, _Slot] = {}
         self.weight_map: dict[str, str] = {}
@@ -166,8 +177,11 @@ class ShardedWriter:
         header: dict[str, object] = {"__metadata__": {"format": "pt", **metadata}}
         offset = 0
         for tensor in members:
-            header[tensor.name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                                   "data_offsets": [offset, offset + tensor.nbytes]}
+            header[tensor.name] = {
+                "dtype": SAFETENSORS_DTYPES[tensor.dtype],
+                "shape": list(tensor.shape),
+                "data_offsets": [offset, offset + tensor.nbytes],
+            }
             offset += tensor.nbytes
         encoded = json.dumps(header, separators=(",", ":")).encode()
         encoded += b" " * (-len(encoded) % 8)  # the format aligns the data section to 8 bytes

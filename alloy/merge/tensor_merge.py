@@ -53,8 +53,12 @@ def resolve_task_parameters(plan: MergePlan, task: TensorTask) -> tuple[dict[str
             shared[param.name] = param.default if value is None else value
             continue
         for position, (model, name) in enumerate(task.sources):
-            levels = (piece.sources[position].parameters, piece.parameters, recipe.model_parameters(model),
-                      recipe.parameters)
+            levels = (
+                piece.sources[position].parameters,
+                piece.parameters,
+                recipe.model_parameters(model),
+                recipe.parameters,
+            )
             value = _first(param, levels, name, task.depth)
             # mergekit binds non-base parameters (weight, density...) to the other inputs only
             is_base = position == task.base_index and param.scope != "input"
@@ -65,12 +69,16 @@ def resolve_task_parameters(plan: MergePlan, task: TensorTask) -> tuple[dict[str
 
 
 def _missing(parameter: str, where: str) -> AlloyError:
-    return AlloyError(ErrorCode.VALIDATION_FAILED, f"parameter {parameter!r} is required and not set for {where}",
-                      {"parameter": parameter, "field": f"parameters.{parameter}"})
+    return AlloyError(
+        ErrorCode.VALIDATION_FAILED,
+        f"parameter {parameter!r} is required and not set for {where}",
+        {"parameter": parameter, "field": f"parameters.{parameter}"},
+    )
 
 
-def compute_tensor(plan: MergePlan, task: TensorTask, inputs: list[torch.Tensor], *, device: str = "cpu",
-                   owned: bool = False) -> torch.Tensor:
+def compute_tensor(
+    plan: MergePlan, task: TensorTask, inputs: list[torch.Tensor], *, device: str = "cpu", owned: bool = False
+) -> torch.Tensor:
     """The output tensor (on the CPU, in ``task.dtype``) from the inputs in ``task.sources`` order.
     With ``owned`` the inputs are the caller's to give up, and kernels may reuse their memory. With a compute
     dtype (mergekit's ``dtype``) the inputs are rounded to it first and the result rounded to it after."""
@@ -88,7 +96,9 @@ def compute_tensor(plan: MergePlan, task: TensorTask, inputs: list[torch.Tensor]
     except InvalidParameterError as exc:
         raise parameter_error(exc) from None
     except KernelError as exc:
-        raise AlloyError(ErrorCode.VALIDATION_FAILED, f"{task.output_name}: {exc}", {"tensor": task.output_name}) from None
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED, f"{task.output_name}: {exc}", {"tensor": task.output_name}
+        ) from None
     if compute_dtype is not None:
         out = out.to(compute_dtype)
     return out.to(device="cpu", dtype=task.dtype)

@@ -23,8 +23,21 @@ def test_help_shows_the_environment_defaults_and_nothing_is_required_but_the_out
 
 
 def test_a_parameter_given_twice_is_refused_before_anything_is_sent():
-    result = _run("--models", "a", "b", "--strategy", "slerp", "-p", "t=0.2", "-p", "t=0.8", "-o", "x",
-                  "--url", "http://127.0.0.1:9")
+    result = _run(
+        "--models",
+        "a",
+        "b",
+        "--strategy",
+        "slerp",
+        "-p",
+        "t=0.2",
+        "-p",
+        "t=0.8",
+        "-o",
+        "x",
+        "--url",
+        "http://127.0.0.1:9",
+    )
     assert result.exit_code == 2 and "given twice" in result.output
 
 
@@ -34,8 +47,18 @@ def test_a_malformed_slice_is_refused():
 
 
 def test_an_unreachable_service_is_one_line_not_a_traceback():
-    result = _run("--models", "a", "b", "--strategy", "slerp", "-p", "t=0.5", "-o", "x",
-                  env={"ALLOY_URL": "http://127.0.0.1:9", "ALLOY_API_KEY": "k"})
+    result = _run(
+        "--models",
+        "a",
+        "b",
+        "--strategy",
+        "slerp",
+        "-p",
+        "t=0.5",
+        "-o",
+        "x",
+        env={"ALLOY_URL": "http://127.0.0.1:9", "ALLOY_API_KEY": "k"},
+    )
     assert result.exit_code == 1
     assert "SERVICE_UNAVAILABLE" in result.output and "127.0.0.1:9" in result.output
     assert "Traceback" not in result.output
@@ -54,8 +77,9 @@ def test_url_and_key_from_the_environment_and_one_progress_line(alloy_service, s
 @pytest.mark.ray
 def test_franken_merge_with_slices(alloy_service, served_models):
     env = {"ALLOY_URL": alloy_service.base_url, "ALLOY_API_KEY": alloy_service.keys["write"]}
-    result = _run("--strategy", "franken_merge", "--slice", "tune1:0-1", "--slice", "tune2:1-2",
-                  "-o", "cli-franken", env=env)
+    result = _run(
+        "--strategy", "franken_merge", "--slice", "tune1:0-1", "--slice", "tune2:1-2", "-o", "cli-franken", env=env
+    )
     assert result.exit_code == 0, result.output
     assert "COMPLETED: model cli-franken" in result.output
 
@@ -67,7 +91,8 @@ def test_recipe_file_in_mergekit_format(alloy_service, served_models, tmp_path):
         "merge_method: ties\nbase_model: base\nmodels:\n"
         "  - model: tune1\n    parameters: {density: 0.5, weight: 0.5}\n"
         "  - model: tune2\n    parameters: {density: 0.5, weight: 0.5}\n"
-        "dtype: float32\n")
+        "dtype: float32\n"
+    )
     env = {"ALLOY_URL": alloy_service.base_url, "ALLOY_API_KEY": alloy_service.keys["write"]}
     result = _run("--recipe", str(recipe), "-o", "cli-recipe", env=env)
     assert result.exit_code == 0, result.output

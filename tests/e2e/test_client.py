@@ -23,8 +23,7 @@ def client(alloy_service):
 
 
 def test_merge_wait_and_download_with_resume(client, served_models, tmp_path):
-    job = client.merge(["tune1", "tune2"], "ties", "client-merged", base_model="base",
-                       parameters={"density": 0.5})
+    job = client.merge(["tune1", "tune2"], "ties", "client-merged", base_model="base", parameters={"density": 0.5})
     seen = [event.event for event in job.events()]
     assert seen[-1] == "end" and seen.count("state") == 4
     view = job.wait(progress=True)
@@ -55,13 +54,16 @@ def test_range_requests_on_the_wire(alloy_service, client, served_models):
     assert refused.status_code == 422 and refused.json()["error"]["code"] == "VALIDATION_FAILED"
 
 
-@pytest.mark.parametrize("call, code, status", [
-    (lambda c: c.merge(["tune1", "tune2"], "blend", "x1"), "INVALID_STRATEGY", 422),
-    (lambda c: c.merge(["tune1", "ghost"], "slerp", "x2", parameters={"t": 0.5}), "MODEL_NOT_FOUND", 404),
-    (lambda c: c.merge(["tune1", "tune2"], "slerp", "bad id!"), "VALIDATION_FAILED", 422),  # refused locally
-    (lambda c: c.job("no-such-job"), "NOT_FOUND", 404),
-    (lambda c: c.model("ghost-model"), "MODEL_NOT_FOUND", 404),
-])
+@pytest.mark.parametrize(
+    "call, code, status",
+    [
+        (lambda c: c.merge(["tune1", "tune2"], "blend", "x1"), "INVALID_STRATEGY", 422),
+        (lambda c: c.merge(["tune1", "ghost"], "slerp", "x2", parameters={"t": 0.5}), "MODEL_NOT_FOUND", 404),
+        (lambda c: c.merge(["tune1", "tune2"], "slerp", "bad id!"), "VALIDATION_FAILED", 422),  # refused locally
+        (lambda c: c.job("no-such-job"), "NOT_FOUND", 404),
+        (lambda c: c.model("ghost-model"), "MODEL_NOT_FOUND", 404),
+    ],
+)
 def test_failures_are_alloy_api_errors_with_the_service_code(client, served_models, call, code, status):
     with pytest.raises(AlloyAPIError) as caught:
         call(client)
@@ -89,8 +91,9 @@ def test_url_and_key_come_from_the_environment(alloy_service, monkeypatch):
 def test_async_client_merges_and_waits(alloy_service, served_models):
     async def scenario():
         async with AsyncClient(alloy_service.base_url, alloy_service.keys["write"], timeout=120) as alloy:
-            job = await alloy.merge(["tune1", "tune3"], "task_arithmetic", "async-merged", base_model="base",
-                                    parameters={"weight": 0.5})
+            job = await alloy.merge(
+                ["tune1", "tune3"], "task_arithmetic", "async-merged", base_model="base", parameters={"weight": 0.5}
+            )
             view = await job.wait()
             with pytest.raises(AlloyAPIError) as caught:
                 await alloy.model("ghost-model")
@@ -102,15 +105,20 @@ def test_async_client_merges_and_waits(alloy_service, served_models):
 
 
 def test_best_trial_is_the_highest_fitness():
-    trials = [{"trial_id": "a", "metrics": {"fitness": 0.2}}, {"trial_id": "b", "metrics": {"fitness": 0.7}},
-              {"trial_id": "c", "metrics": {}}]
+    trials = [
+        {"trial_id": "a", "metrics": {"fitness": 0.2}},
+        {"trial_id": "b", "metrics": {"fitness": 0.7}},
+        {"trial_id": "c", "metrics": {}},
+    ]
     assert best_trial(trials)["trial_id"] == "b"
     assert best_trial([]) is None
 
 
 def test_the_client_imports_no_server_code():
-    probe = ("import sys, alloy.client; "
-             "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'ray', 'starlette', 'uvicorn'}))")
+    probe = (
+        "import sys, alloy.client; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'ray', 'starlette', 'uvicorn'}))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

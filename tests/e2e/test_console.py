@@ -30,8 +30,9 @@ def browser():
 
 @pytest.fixture
 def page(browser, alloy_service):
-    context = browser.new_context(base_url=alloy_service.base_url, accept_downloads=True,
-                                  viewport={"width": 1200, "height": 800})
+    context = browser.new_context(
+        base_url=alloy_service.base_url, accept_downloads=True, viewport={"width": 1200, "height": 800}
+    )
     page = context.new_page()
     page.requested_urls = []
     page.on("request", lambda request: page.requested_urls.append(request.url))
@@ -121,8 +122,9 @@ def test_a_wrong_key_is_asked_again(page, alloy_service):
     page.goto("/ui")
     page.fill("#key-input", "not-a-key")
     page.click("#key-entry button[type=submit]")
-    page.wait_for_function("document.querySelector('#key-error') && "
-                           "document.querySelector('#key-error').textContent.includes('refused')")
+    page.wait_for_function(
+        "document.querySelector('#key-error') && document.querySelector('#key-error').textContent.includes('refused')"
+    )
 
 
 def test_console_assets_are_all_local(alloy_service):
@@ -141,8 +143,8 @@ def test_evolution_page_draws_fitness_live(page, alloy_service):
     needed to see the page follow them."""
     from datetime import datetime, timezone
 
-    from alloy.storage.db import Database
     from alloy.jobs.store import JobStore
+    from alloy.storage.db import Database
     from alloy.storage.tracker import ExperimentTracker
     from evolution.engine import EXPERIMENT_KIND, experiment_id_for
 
@@ -155,8 +157,13 @@ def test_evolution_page_draws_fitness_live(page, alloy_service):
         for index, value in enumerate(fitness):
             tracker.record_trial(experiment, f"t{number}-{index}", number, {"weight": value}, {}, {"fitness": value})
         tracker.flush()
-        jobs.update_progress(job.id, generation=number, best_fitness=max(fitness), median_fitness=sum(fitness) / 2,
-                             heartbeat_at=datetime.now(timezone.utc).isoformat())
+        jobs.update_progress(
+            job.id,
+            generation=number,
+            best_fitness=max(fitness),
+            median_fitness=sum(fitness) / 2,
+            heartbeat_at=datetime.now(timezone.utc).isoformat(),
+        )
 
     try:
         jobs.transition(job.id, "PREPARING")
@@ -170,8 +177,10 @@ def test_evolution_page_draws_fitness_live(page, alloy_service):
         assert page.locator("#trials tr").count() == 1 + 4
 
         generation(2, 0.6, 0.4)  # the page follows without a reload
-        page.wait_for_function("document.querySelector('#fitness-chart polyline.best')"
-                               ".getAttribute('points').trim().split(' ').length === 3")
+        page.wait_for_function(
+            "document.querySelector('#fitness-chart polyline.best')"
+            ".getAttribute('points').trim().split(' ').length === 3"
+        )
         assert page.locator("#trials tr").count() == 1 + 6
         _shot(page, "evolution")
         jobs.complete(job.id, {"best_trial": "t2-0"})

@@ -89,7 +89,7 @@ class Operator:
             if found:
                 self.url, self.key = found.groups()
                 if self.key.startswith("$(cat"):  # a restart: the key was printed at the first start only
-                    self.key = Path(self.key[len("$(cat "):-1]).read_text().strip()
+                    self.key = Path(self.key[len("$(cat ") : -1]).read_text().strip()
                 return
             assert self.process.poll() is None, f"alloy start exited {self.process.returncode}:\n{self.log_tail()}"
             time.sleep(1.0)

@@ -63,7 +63,12 @@ def test_methods_lists_every_method_with_family_and_parameters(client):
     assert set(by_name) == set(METHODS)
     assert by_name["dare_ties"]["family"] == "dare" and by_name["passthrough"]["family"] == "franken_merge"
     density = next(p for p in by_name["ties"]["parameters"] if p["name"] == "density")
-    assert (density["default"], density["minimum"], density["maximum"], density["scope"]) == (1.0, 0.0, 1.0, "per_model")
+    assert (density["default"], density["minimum"], density["maximum"], density["scope"]) == (
+        1.0,
+        0.0,
+        1.0,
+        "per_model",
+    )
     weight = next(p for p in by_name["linear"]["parameters"] if p["name"] == "weight")
     assert weight["required"] is True
 
@@ -75,5 +80,7 @@ def test_cli_methods_lists_the_same_catalogue():
 
     outcome = CliRunner().invoke(cli, ["methods", "--family", "ties"])
     assert outcome.exit_code == 0, outcome.output
-    assert "della  [ties]" in outcome.output and "epsilon (float, per_model) in [0.0, 0.5], default 0.15" in outcome.output
+    assert (
+        "della  [ties]" in outcome.output and "epsilon (float, per_model) in [0.0, 0.5], default 0.15" in outcome.output
+    )
     assert "dare_ties" not in outcome.output

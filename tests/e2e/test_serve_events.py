@@ -16,9 +16,16 @@ EXPECTED_MERGE_STATES = ["CREATED", "PREPARING", "RUNNING", "COMPLETED"]
 
 
 def _start_merge(service, output: str) -> str:
-    response = service.client("write").post("/merge/execute", json={
-        "models": ["tune1", "tune2"], "strategy": "ties", "base_model": "base",
-        "parameters": {"density": 0.5}, "output_model_id": output})
+    response = service.client("write").post(
+        "/merge/execute",
+        json={
+            "models": ["tune1", "tune2"],
+            "strategy": "ties",
+            "base_model": "base",
+            "parameters": {"density": 0.5},
+            "output_model_id": output,
+        },
+    )
     assert response.status_code == 202, response.text
     return response.json()["job_id"]
 
@@ -92,8 +99,9 @@ def test_a_stream_counts_once_against_the_rate_limit(alloy_service, served_model
         db.close()
     job_id = _start_merge(alloy_service, "sse-limited")
     remaining = []
-    with httpx.Client(base_url=alloy_service.base_url, headers={"Authorization": f"Bearer {key}"},
-                      timeout=240.0) as client:
+    with httpx.Client(
+        base_url=alloy_service.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=240.0
+    ) as client:
         for _ in range(2):
             with connect_sse(client, "GET", f"/jobs/{job_id}/events") as source:
                 remaining.append(int(source.response.headers["x-ratelimit-remaining"]))

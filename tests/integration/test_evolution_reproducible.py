@@ -20,8 +20,11 @@ def tiny_inputs(tmp_path_factory):
     manifest = build_preset("tiny", tmp_path_factory.mktemp("tiny-preset"))
     base = manifest.base
     finetunes = [m.model_id for m in manifest.finetunes(base.model_id)]
-    dataset_ids = [d.dataset_id for d in manifest.datasets if d.task.get("type") == "classification"
-                   and not d.dataset_id.endswith("lm-kind")]
+    dataset_ids = [
+        d.dataset_id
+        for d in manifest.datasets
+        if d.task.get("type") == "classification" and not d.dataset_id.endswith("lm-kind")
+    ]
     data = InMemoryDatasets.read(LocalDatasets(manifest.datasets), dataset_ids, ["dev"])
     parents = load_parents({base.model_id: base.path, **{m: manifest.model(m).path for m in finetunes}})
     return base, finetunes, dataset_ids, data, parents
@@ -34,14 +37,26 @@ def search(tiny_inputs, tmp_path, run_name: str, kind: str, seed: int):
     from evolution.scoring import ScorerSpec
 
     base, finetunes, dataset_ids, data, parents = tiny_inputs
-    space = GenomeSpace(strategy="task_arithmetic", models=finetunes, base_model=base.model_id,
-                        per_model={"weight": Bounds(low=0.0, high=1.5, init=1.0)},
-                        global_parameters={"lambda": Bounds(low=0.1, high=1.5, init=0.5)}, seed=seed)
-    settings = SearchSettings(kind=kind, population=3, generations=3, seed=seed, dev_batch_size=8,
-                              cpus_per_trial=0.5, time_budget_s=600)
-    outcome = run_search(run_name=run_name, storage_path=tmp_path, space=space, settings=settings, parents=parents,
-                         data=data, scorer=ScorerSpec(run=run_name, model_dir=str(base.path),
-                                                      dataset_ids=dataset_ids, split="dev"))
+    space = GenomeSpace(
+        strategy="task_arithmetic",
+        models=finetunes,
+        base_model=base.model_id,
+        per_model={"weight": Bounds(low=0.0, high=1.5, init=1.0)},
+        global_parameters={"lambda": Bounds(low=0.1, high=1.5, init=0.5)},
+        seed=seed,
+    )
+    settings = SearchSettings(
+        kind=kind, population=3, generations=3, seed=seed, dev_batch_size=8, cpus_per_trial=0.5, time_budget_s=600
+    )
+    outcome = run_search(
+        run_name=run_name,
+        storage_path=tmp_path,
+        space=space,
+        settings=settings,
+        parents=parents,
+        data=data,
+        scorer=ScorerSpec(run=run_name, model_dir=str(base.path), dataset_ids=dataset_ids, split="dev"),
+    )
     assert not outcome.errored_trials
     return space, outcome.candidates
 

@@ -19,9 +19,13 @@ from evolution.scoring import FitnessLedger, genome_key
 from evolution.search import FRESH_TRIES, GenomeExplorer, GenomePBT, OrdinalLimiter, build_tune_config
 from evolution.trainable import CACHED_KEY, GENOME_KEY, LINEAGE_KEY
 
-SPACE = GenomeSpace(strategy="task_arithmetic", models=["a", "b", "c"], base_model="base",
-                    per_model={"weight": Bounds(low=0.0, high=1.5, init=1.0)},
-                    global_parameters={"lambda": Bounds(low=0.1, high=1.5, init=0.5)})
+SPACE = GenomeSpace(
+    strategy="task_arithmetic",
+    models=["a", "b", "c"],
+    base_model="base",
+    per_model={"weight": Bounds(low=0.0, high=1.5, init=1.0)},
+    global_parameters={"lambda": Bounds(low=0.1, high=1.5, init=0.5)},
+)
 
 
 def fitness_of(genome: dict[str, float]) -> float:
@@ -49,17 +53,30 @@ class Controller:
         trial.set_status(Trial.PAUSED)
 
 
-def run_rounds(seed: int, population: int = 4, generations: int = 5, space: GenomeSpace = SPACE,
-               sigma: float = 0.1, resample_probability: float = 0.1):
+def run_rounds(
+    seed: int,
+    population: int = 4,
+    generations: int = 5,
+    space: GenomeSpace = SPACE,
+    sigma: float = 0.1,
+    resample_probability: float = 0.1,
+):
     """Drive ``generations`` synchronous rounds; returns every (generation, trial index, genome, lineage)."""
-    settings = SearchSettings(population=population, generations=generations, seed=seed, sigma=sigma,
-                              resample_probability=resample_probability)
+    settings = SearchSettings(
+        population=population,
+        generations=generations,
+        seed=seed,
+        sigma=sigma,
+        resample_probability=resample_probability,
+    )
     tune_config, param_space = build_tune_config(space, settings)
     scheduler: GenomePBT = tune_config.scheduler
     scheduler.set_search_properties("fitness", "max")
     scheduler._log_config = False  # the policy log needs a Tune storage folder that stub trials lack
-    trials = [Trial("__fake", config={GENOME_KEY: genome}, stub=True, trial_id=f"t{i}")
-              for i, genome in enumerate(param_space[GENOME_KEY]["grid_search"])]
+    trials = [
+        Trial("__fake", config={GENOME_KEY: genome}, stub=True, trial_id=f"t{i}")
+        for i, genome in enumerate(param_space[GENOME_KEY]["grid_search"])
+    ]
     controller = Controller(trials)
     for trial in trials:
         scheduler.on_trial_add(controller, trial)
@@ -70,11 +87,16 @@ def run_rounds(seed: int, population: int = 4, generations: int = 5, space: Geno
             genome = trial.config[GENOME_KEY]
             assert trial.config.get(CACHED_KEY) is None
             seen.append((generation, index, genome, trial.config.get(LINEAGE_KEY)))
-            result = {"generation": generation, "fitness": fitness_of(genome), "candidate_id": f"t{index}-g{generation}",
-                      "genome_json": json.dumps(genome, sort_keys=True)}
+            result = {
+                "generation": generation,
+                "fitness": fitness_of(genome),
+                "candidate_id": f"t{index}-g{generation}",
+                "genome_json": json.dumps(genome, sort_keys=True),
+            }
             # the trainable reports a checkpoint with every result (a PAUSED trial is exploited from it)
             trial.run_metadata.checkpoint_manager._latest_checkpoint_result = _TrainingResult(
-                checkpoint=Checkpoint.from_directory(controller.folder), metrics=result)
+                checkpoint=Checkpoint.from_directory(controller.folder), metrics=result
+            )
             scheduler.on_trial_result(controller, trial, result)
             trial.set_status(Trial.PAUSED)
     return seen
@@ -89,7 +111,7 @@ def test_every_candidate_of_every_generation_is_a_distinct_genome():
 def test_surviving_trials_step_and_exploited_ones_perturb_their_donors_scored_genome():
     seen = run_rounds(seed=0, sigma=0.01, resample_probability=0.0)
     by_trial = {}
-    for generation, index, genome, lineage in seen:
+    for _generation, index, genome, lineage in seen:
         by_trial.setdefault(index, []).append((genome, lineage))
     exploited = 0
     for index, history in by_trial.items():
@@ -100,7 +122,7 @@ def test_surviving_trials_step_and_exploited_ones_perturb_their_donors_scored_ge
     assert exploited >= 4  # one of four trials exploited in each of the 4 rounds
     # an exploited genome is a small step from the genome its donor scored (not from the donor's next step)
     scored = {f"t{index}-g{generation}": genome for generation, index, genome, _ in seen}
-    for generation, index, genome, lineage in seen:
+    for generation, _index, genome, lineage in seen:
         if lineage and lineage["candidate_id"] and lineage["generation"] == generation - 1:
             donor = scored[lineage["candidate_id"]]
             assert max(abs(genome[g] - donor[g]) for g in genome) < 0.08  # 5 sigma of the widest gene
@@ -126,8 +148,12 @@ def test_the_global_random_state_does_not_decide_the_donors():
 
 def test_a_space_without_fresh_neighbours_falls_back_to_the_ledgers_fitness():
     # One gene whose decoded value rounds to 6 decimals, bounds so narrow that every draw decodes the same.
-    tight = GenomeSpace(strategy="task_arithmetic", models=["a"], base_model="base",
-                        global_parameters={"lambda": Bounds(low=0.5, high=0.5 + 2e-7)})
+    tight = GenomeSpace(
+        strategy="task_arithmetic",
+        models=["a"],
+        base_model="base",
+        global_parameters={"lambda": Bounds(low=0.5, high=0.5 + 2e-7)},
+    )
     explorer = GenomeExplorer(tight, sigma=0.1, resample_probability=0.0, seed=0)
     scheduler = GenomePBT(space=tight, explorer=explorer, seed=0, metric="fitness", mode="max")
     genome = tight.initial()

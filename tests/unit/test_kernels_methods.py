@@ -42,6 +42,7 @@ def close(actual: torch.Tensor, expected, atol: float = 1e-6) -> bool:
 
 # --- linear -----------------------------------------------------------------------------------------------------
 
+
 def test_linear_is_a_weighted_average_of_every_input():
     # (1*[1,2] + 3*[5,6]) / 4 = [4, 5]; base_index is ignored: the base is just another input
     assert close(run("linear", [[1.0, 2.0], [5.0, 6.0]], None, weight=[1.0, 3.0]), [4.0, 5.0])
@@ -57,6 +58,7 @@ def test_linear_single_model_and_zero_weight_sum():
 
 # --- task arithmetic family (generalized task arithmetic) -------------------------------------------------------
 
+
 def test_task_arithmetic_hand_computed():
     # deltas [1,-1] and [0,2]; 0.5*[1,-1] - 1*[0,2] = [0.5,-2.5]; lambda 2 -> [1,-5]; + base [1,1] -> [2,-4]
     out = run("task_arithmetic", [[1.0, 1.0], [2.0, 0.0], [1.0, 3.0]], weight=[None, 0.5, -1.0], **{"lambda": 2.0})
@@ -65,8 +67,9 @@ def test_task_arithmetic_hand_computed():
 
 def test_task_arithmetic_ignores_density_and_rescale():
     plain = run("task_arithmetic", [[0.0, 0.0], [1.0, -3.0]], weight=[None, 1.0])
-    assert close(run("task_arithmetic", [[0.0, 0.0], [1.0, -3.0]], weight=[None, 1.0], density=[None, 0.1],
-                     rescale=True), plain)
+    assert close(
+        run("task_arithmetic", [[0.0, 0.0], [1.0, -3.0]], weight=[None, 1.0], density=[None, 0.1], rescale=True), plain
+    )
 
 
 def test_normalize_with_weights_summing_to_zero_does_not_divide():
@@ -82,16 +85,25 @@ def test_no_models_besides_the_base_gives_the_base():
 def test_ties_trims_elects_and_takes_the_disjoint_mean():
     # density 0.5 keeps 2 of 4: m1 -> [0,-2,3,0]; m2 keeps -4 and the first of its tied |1| -> [-4,-1,0,0]
     # sums [-4,-3,3,0] -> signs [-,-,+,+]; entry 0: -4/1; entry 1: (-2-1)/2; entry 2: 3/1; entry 3: nothing
-    out = run("ties", [[0.0] * 4, [1.0, -2.0, 3.0, 0.5], [-4.0, -1.0, 1.0, 0.25]], weight=[None, 1.0, 1.0],
-              density=[None, 0.5, 0.5])
+    out = run(
+        "ties",
+        [[0.0] * 4, [1.0, -2.0, 3.0, 0.5], [-4.0, -1.0, 1.0, 0.25]],
+        weight=[None, 1.0, 1.0],
+        density=[None, 0.5, 0.5],
+    )
     assert close(out, [-4.0, -1.5, 3.0, 0.0])
 
 
 def test_ties_with_rescale_matches_each_trimmed_l1_norm():
     # m1 [0,-2,3,0] * 6.5/5 = [0,-2.6,3.9,0]; m2 [-4,-1,0,0] * 6.25/5 = [-5,-1.25,0,0]
     # signs [-,-,+,+]: [-5, (-2.6-1.25)/2, 3.9, 0]
-    out = run("ties", [[0.0] * 4, [1.0, -2.0, 3.0, 0.5], [-4.0, -1.0, 1.0, 0.25]], weight=[None, 1.0, 1.0],
-              density=[None, 0.5, 0.5], rescale=True)
+    out = run(
+        "ties",
+        [[0.0] * 4, [1.0, -2.0, 3.0, 0.5], [-4.0, -1.0, 1.0, 0.25]],
+        weight=[None, 1.0, 1.0],
+        density=[None, 0.5, 0.5],
+        rescale=True,
+    )
     assert close(out, [-5.0, -1.925, 3.9, 0.0], atol=1e-5)
 
 
@@ -122,8 +134,13 @@ def test_breadcrumbs_and_its_ties_variant():
     out = run("breadcrumbs", [base, model], weight=[None, 0.5], density=[None, 0.5], gamma=[None, 0.1])
     assert close(out, [0, 0, 0, 0, 2.5, 3, 3.5, 4, 4.5, 0])
     other = [-v for v in model]  # the opposite change, weight 1: wins every vote where both survive
-    out = run("breadcrumbs_ties", [base, model, other], weight=[None, 0.5, 1.0], density=[None, 0.5, 0.3],
-              gamma=[None, 0.1, 0.0])
+    out = run(
+        "breadcrumbs_ties",
+        [base, model, other],
+        weight=[None, 0.5, 1.0],
+        density=[None, 0.5, 0.3],
+        gamma=[None, 0.1, 0.0],
+    )
     # model keeps 5..9 (x0.5), other keeps -8,-9,-10: sums elect - at 8, 9, 10 (-8+4, -9+4.5, -10), + at 5, 6, 7
     assert close(out, [0, 0, 0, 0, 2.5, 3, 3.5, -8, -9, -10])
 
@@ -133,16 +150,28 @@ def test_dare_linear_keeps_entries_by_the_generator_in_model_order():
     n = 1000
     draws = torch.rand(2 * n, generator=gen(4))
     mask_a, mask_b = draws[:n] < 0.5, draws[n:] < 0.5
-    out = run("dare_linear", [torch.zeros(n), torch.ones(n), 2 * torch.ones(n)], generator=gen(4),
-              weight=[None, 1.0, 1.0], density=[None, 0.5, 0.5], rescale=False)
+    out = run(
+        "dare_linear",
+        [torch.zeros(n), torch.ones(n), 2 * torch.ones(n)],
+        generator=gen(4),
+        weight=[None, 1.0, 1.0],
+        density=[None, 0.5, 0.5],
+        rescale=False,
+    )
     assert torch.equal(out, mask_a.float() + 2 * mask_b.float())
 
 
 def test_dare_a_model_with_density_zero_or_one_draws_nothing():
     n = 500
     mask = torch.rand(n, generator=gen(6)) < 0.4
-    out = run("dare_linear", [torch.zeros(n), torch.ones(n), torch.ones(n), 3 * torch.ones(n)], generator=gen(6),
-              weight=[None, 1.0, 1.0, 1.0], density=[None, 0.0, 1.0, 0.4], rescale=False)
+    out = run(
+        "dare_linear",
+        [torch.zeros(n), torch.ones(n), torch.ones(n), 3 * torch.ones(n)],
+        generator=gen(6),
+        weight=[None, 1.0, 1.0, 1.0],
+        density=[None, 0.0, 1.0, 0.4],
+        rescale=False,
+    )
     assert torch.equal(out, 1.0 + 3 * mask.float())
 
 
@@ -175,12 +204,20 @@ def test_della_linear_seeded_pruning_by_rank():
     # ascending ranks 0, 3, 2, 1 of 4: p = 0.3 + 0.4 * r / 3
     probability = torch.tensor([0.3, 0.7, 0.3 + 0.8 / 3, 0.3 + 0.4 / 3])
     expected = x * (torch.rand(4, generator=gen(11)) < probability)
-    out = run("della_linear", [torch.zeros(4), x], generator=gen(11), weight=[None, 1.0], density=[None, 0.5],
-              epsilon=[None, 0.2], rescale=False)
+    out = run(
+        "della_linear",
+        [torch.zeros(4), x],
+        generator=gen(11),
+        weight=[None, 1.0],
+        density=[None, 0.5],
+        epsilon=[None, 0.2],
+        rescale=False,
+    )
     assert torch.equal(out, expected)
 
 
 # --- sce, ram ----------------------------------------------------------------------------------------------------
+
 
 def test_sce_weights_by_energy_and_erases_minority_signs():
     # task vectors a = [1, 2], b = [3, -2]: energies 2.5 and 6.5 -> weights 2.5/9, 6.5/9
@@ -214,6 +251,7 @@ def test_ramplus_scales_unique_changes_by_the_shared_to_unique_ratio():
 
 # --- slerp family -----------------------------------------------------------------------------------------------
 
+
 def test_slerp_method_orthogonal_parallel_and_antiparallel():
     assert close(run("slerp", [[1.0, 0.0], [0.0, 1.0]], t=0.5), [R2, R2])
     assert close(run("slerp", [[1.0, 2.0], [2.0, 4.0]], t=0.25), [1.25, 2.5])  # parallel: lerp
@@ -243,8 +281,14 @@ def test_nuslerp_rows_and_columns():
     # row 0 orthogonal -> [R2, R2]; row 1 parallel -> lerp [1.5, 0]
     rows = run("nuslerp", [v0, v1], None, weight=[1.0, 1.0], nuslerp_flatten=False)
     assert close(rows, [[R2, R2], [1.5, 0.0]])
-    columns = run("nuslerp", [torch.tensor(v0).T, torch.tensor(v1).T], None, weight=[1.0, 1.0],
-                  nuslerp_flatten=False, nuslerp_row_wise=True)
+    columns = run(
+        "nuslerp",
+        [torch.tensor(v0).T, torch.tensor(v1).T],
+        None,
+        weight=[1.0, 1.0],
+        nuslerp_flatten=False,
+        nuslerp_row_wise=True,
+    )
     assert close(columns, [[R2, 1.5], [R2, 0.0]])
 
 
@@ -281,6 +325,7 @@ def test_karcher_single_identical_and_zero_inputs():
 
 # --- model stock, nearswap, arcee fusion, passthrough -----------------------------------------------------------
 
+
 def test_model_stock_factor_from_the_angle():
     # offsets [1,0] and [0.5, sqrt(0.75)]: cos 0.5, N = 2 -> t = 2 * 0.5 / (1 + 0.5) = 2/3
     b = math.sqrt(0.75)
@@ -297,8 +342,9 @@ def test_model_stock_parallel_orthogonal_and_opposite_offsets():
 
 def test_model_stock_filter_wise_has_one_factor_per_row():
     # row 0 offsets parallel (t = 1, average [2, 0]), row 1 orthogonal (t = 0, base)
-    out = run("model_stock", [[[0.0, 0.0], [1.0, 1.0]], [[1.0, 0.0], [2.0, 1.0]], [[3.0, 0.0], [1.0, 2.0]]],
-              filter_wise=True)
+    out = run(
+        "model_stock", [[[0.0, 0.0], [1.0, 1.0]], [[1.0, 0.0], [2.0, 1.0]], [[3.0, 0.0], [1.0, 2.0]]], filter_wise=True
+    )
     assert close(out, [[2.0, 0.0], [1.0, 1.0]])
 
 

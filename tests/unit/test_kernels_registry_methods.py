@@ -13,16 +13,44 @@ from kernels.errors import InvalidParameterError, UnknownStrategyError
 from kernels.registry import ALLOY_ONLY_METHODS, METHODS, get_method
 
 MERGEKIT_METHODS = {
-    "linear", "slerp", "nuslerp", "multislerp", "karcher", "task_arithmetic", "ties", "dare_ties", "dare_linear",
-    "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "sce", "model_stock", "nearswap", "arcee_fusion",
-    "passthrough", "ram", "ramplus_tl"}
+    "linear",
+    "slerp",
+    "nuslerp",
+    "multislerp",
+    "karcher",
+    "task_arithmetic",
+    "ties",
+    "dare_ties",
+    "dare_linear",
+    "breadcrumbs",
+    "breadcrumbs_ties",
+    "della",
+    "della_linear",
+    "sce",
+    "model_stock",
+    "nearswap",
+    "arcee_fusion",
+    "passthrough",
+    "ram",
+    "ramplus_tl",
+}
 
 FAMILIES = {
     "slerp": {"slerp", "nuslerp", "multislerp", "karcher"},
     "ties": {"ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "sce"},
     "dare": {"dare_ties", "dare_linear"},
-    "task_arithmetic": {"task_arithmetic", "linear", "model_stock", "nearswap", "arcee_fusion", "ram", "ramplus_tl",
-                        "tsv", "iso_c", "iso_cts"},
+    "task_arithmetic": {
+        "task_arithmetic",
+        "linear",
+        "model_stock",
+        "nearswap",
+        "arcee_fusion",
+        "ram",
+        "ramplus_tl",
+        "tsv",
+        "iso_c",
+        "iso_cts",
+    },
     "franken_merge": {"passthrough"},
 }
 
@@ -38,10 +66,19 @@ def _defaults(name: str) -> dict:
     return {p.name: p.default for p in get_method(name).params}
 
 
-@pytest.mark.parametrize(("method", "normalize", "rescale"), [
-    ("task_arithmetic", False, False), ("ties", True, False), ("dare_ties", False, True),
-    ("dare_linear", False, True), ("breadcrumbs", False, False), ("breadcrumbs_ties", False, False),
-    ("della", True, True), ("della_linear", False, True)])
+@pytest.mark.parametrize(
+    ("method", "normalize", "rescale"),
+    [
+        ("task_arithmetic", False, False),
+        ("ties", True, False),
+        ("dare_ties", False, True),
+        ("dare_linear", False, True),
+        ("breadcrumbs", False, False),
+        ("breadcrumbs_ties", False, False),
+        ("della", True, True),
+        ("della_linear", False, True),
+    ],
+)
 def test_generalized_task_arithmetic_defaults_are_mergekits(method, normalize, rescale):
     defaults = _defaults(method)
     assert defaults["normalize"] is normalize and defaults["rescale"] is rescale
@@ -72,23 +109,49 @@ def test_method_specific_parameters():
 
 
 def test_only_the_bernoulli_and_magprune_methods_are_random():
-    assert {name for name, spec in METHODS.items() if spec.random} == {"dare_ties", "dare_linear", "della",
-                                                                      "della_linear"}
+    assert {name for name, spec in METHODS.items() if spec.random} == {
+        "dare_ties",
+        "dare_linear",
+        "della",
+        "della_linear",
+    }
 
 
-@pytest.mark.parametrize(("method", "count", "has_base"), [
-    ("slerp", 2, True), ("nearswap", 2, True), ("arcee_fusion", 2, True), ("nuslerp", 3, True),
-    ("nuslerp", 2, False), ("multislerp", 1, False), ("model_stock", 3, True), ("ties", 1, True),
-    ("karcher", 3, True), ("linear", 1, False), ("passthrough", 1, False)])
+@pytest.mark.parametrize(
+    ("method", "count", "has_base"),
+    [
+        ("slerp", 2, True),
+        ("nearswap", 2, True),
+        ("arcee_fusion", 2, True),
+        ("nuslerp", 3, True),
+        ("nuslerp", 2, False),
+        ("multislerp", 1, False),
+        ("model_stock", 3, True),
+        ("ties", 1, True),
+        ("karcher", 3, True),
+        ("linear", 1, False),
+        ("passthrough", 1, False),
+    ],
+)
 def test_accepted_input_counts(method, count, has_base):
     get_method(method).check_inputs(count, has_base)
 
 
-@pytest.mark.parametrize(("method", "count", "has_base", "param"), [
-    ("slerp", 3, True, "models"), ("slerp", 2, False, "base_model"), ("nearswap", 3, True, "models"),
-    ("arcee_fusion", 1, True, "models"), ("nuslerp", 2, True, "models"), ("nuslerp", 3, False, "models"),
-    ("model_stock", 2, True, "models"), ("ties", 3, False, "base_model"), ("passthrough", 2, False, "models"),
-    ("sce", 2, False, "base_model")])
+@pytest.mark.parametrize(
+    ("method", "count", "has_base", "param"),
+    [
+        ("slerp", 3, True, "models"),
+        ("slerp", 2, False, "base_model"),
+        ("nearswap", 3, True, "models"),
+        ("arcee_fusion", 1, True, "models"),
+        ("nuslerp", 2, True, "models"),
+        ("nuslerp", 3, False, "models"),
+        ("model_stock", 2, True, "models"),
+        ("ties", 3, False, "base_model"),
+        ("passthrough", 2, False, "models"),
+        ("sce", 2, False, "base_model"),
+    ],
+)
 def test_refused_input_counts(method, count, has_base, param):
     with pytest.raises(InvalidParameterError) as info:
         get_method(method).check_inputs(count, has_base)
@@ -118,14 +181,24 @@ def test_catalogue_is_plain_data_for_every_method():
     assert {entry["name"] for entry in catalogue} == set(METHODS)
     ties = next(entry for entry in catalogue if entry["name"] == "ties")
     density = next(p for p in ties["parameters"] if p["name"] == "density")
-    assert density == {"name": "density", "type": "float", "scope": "per_model", "default": 1.0, "required": False,
-                       "minimum": 0.0, "maximum": 1.0, "aliases": [], "description": density["description"]}
+    assert density == {
+        "name": "density",
+        "type": "float",
+        "scope": "per_model",
+        "default": 1.0,
+        "required": False,
+        "minimum": 0.0,
+        "maximum": 1.0,
+        "aliases": [],
+        "description": density["description"],
+    }
     assert ties["family"] == "ties" and ties["requires_base"] and ties["max_models"] is None
     slerp = next(entry for entry in catalogue if entry["name"] == "slerp")
     assert (slerp["min_models"], slerp["max_models"]) == (2, 2)
 
 
 # --- the kernel contract, for every method ----------------------------------------------------------------------
+
 
 def _inputs(spec, dtype=torch.float32):
     count = {2: 2, 1: 1, 3: 3}.get(spec.max_models, 4)
@@ -140,10 +213,11 @@ def _call(spec, tensors, owned=False):
     global_params = {p.name: p.default for p in spec.params if p.scope == "global"}
     if "t" in global_params:
         global_params["t"] = 0.3
-    model_params = [{p.name: 0.5 if p.name in ("weight", "density") else p.default
-                     for p in spec.params if p.scope != "global"} for _ in tensors]
-    return spec.kernel(tensors, base_index, global_params, model_params, torch.Generator().manual_seed(1),
-                       owned=owned)
+    model_params = [
+        {p.name: 0.5 if p.name in ("weight", "density") else p.default for p in spec.params if p.scope != "global"}
+        for _ in tensors
+    ]
+    return spec.kernel(tensors, base_index, global_params, model_params, torch.Generator().manual_seed(1), owned=owned)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from kernels.errors import InvalidParameterError
-from kernels.sparsify import (bernoulli_prune_, della_keep_probability, della_prune_, magnitude_prune_,
-                              outlier_prune_)
+from kernels.sparsify import bernoulli_prune_, della_keep_probability, della_prune_, magnitude_prune_, outlier_prune_
 
 T = torch.tensor
 
@@ -22,6 +21,7 @@ def close(actual: torch.Tensor, expected: list | torch.Tensor, atol: float = 1e-
 
 
 # --- magnitude (TIES) -------------------------------------------------------------------------------------------
+
 
 def test_magnitude_keeps_the_largest_and_rescales_to_the_l1_norm():
     # k = int(0.5 * 4) = 2 keeps 4 and -3; L1 before 10, after 7 -> survivors times 10/7
@@ -86,6 +86,7 @@ def test_breadcrumbs_rescale_matches_the_l1_norm():
 
 # --- Bernoulli (DARE) -------------------------------------------------------------------------------------------
 
+
 def test_dare_keeps_exactly_the_entries_whose_draw_is_below_density():
     x = torch.arange(1.0, 1001.0)
     expected = x * (torch.rand(1000, generator=gen(5)) < 0.3)  # the draw order: one uniform per entry, row-major
@@ -122,6 +123,7 @@ def test_dare_density_zero_and_one_draw_nothing():
 
 
 # --- DELLA MagPrune ---------------------------------------------------------------------------------------------
+
 
 def test_della_probability_rises_with_magnitude_rank():
     # ascending ranks 0 (0.1), 2 (-0.5), 1 (0.3) of n = 3: 0.5 - 0.2 + 0.4 * r / 2

@@ -25,6 +25,7 @@ def gen(seed: int = 0) -> torch.Generator:
 
 # --- slerp ---------------------------------------------------------------------------------------------------
 
+
 def test_slerp_orthogonal_midpoint_is_on_the_arc():
     # theta = pi/2: both coefficients are sin(pi/4)/sin(pi/2) = 0.70710678
     out = slerp(T([1.0, 0.0]), T([0.0, 1.0]), 0.5)
@@ -62,6 +63,7 @@ def test_slerp_of_a_zero_tensor_stays_finite():
 
 # --- linear and task arithmetic ----------------------------------------------------------------------------
 
+
 def test_linear_weighted_average():
     # (1*[1,2] + 3*[5,6]) / 4 = [4, 5]
     assert torch.equal(linear([T([1.0, 2.0]), T([5.0, 6.0])], [1.0, 3.0]), T([4.0, 5.0]))
@@ -97,6 +99,7 @@ def test_kernels_never_modify_their_inputs():
 
 
 # --- TIES ------------------------------------------------------------------------------------------------------
+
 
 def test_ties_hand_computed():
     base = torch.zeros(4)
@@ -167,6 +170,7 @@ def test_ties_epsilon_out_of_range_names_the_parameter():
 
 # --- DARE ------------------------------------------------------------------------------------------------------
 
+
 def test_dare_drop_rate_zero_is_task_arithmetic():
     base, a, b = T([1.0, 2.0]), T([2.0, 0.0]), T([0.0, 5.0])
     assert torch.equal(dare(base, [a, b], [1.0, 0.5], [0.0, 0.0], gen()), task_arithmetic(base, [a, b], [1.0, 0.5]))
@@ -204,6 +208,7 @@ def test_dare_same_seed_same_bits():
 
 
 # --- reductions ------------------------------------------------------------------------------------------------
+
 
 def test_stable_reductions_do_not_depend_on_thread_count():
     x = torch.randn(3_000_001, generator=gen(5))

@@ -41,6 +41,7 @@ def _polar(a):
 
 # --- the papers' formulas, written plainly ----------------------------------------------------------------------
 
+
 def tsv_reference(tensors, alpha=1.0):
     base, deltas = _deltas(tensors)
     k = math.floor(min(base.shape) / len(deltas))
@@ -80,6 +81,7 @@ def _close(ours, reference, atol=1e-5):
 
 
 # --- pinned against the formulas --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [(6, 4), (4, 6), (12, 9)])
 def test_tsv_matches_the_papers_formula(shape):
@@ -128,6 +130,7 @@ def test_weights_scale_each_task_vector_before_the_decomposition():
 
 
 # --- edge cases -------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("method", SUBSPACE)
 def test_zero_task_vectors_give_the_base(method):
@@ -189,6 +192,7 @@ def test_more_tasks_than_the_rank_keep_one_direction_each():
 
 
 # --- registry -----------------------------------------------------------------------------------------------------
+
 
 def test_registered_as_alloy_only_task_arithmetic_variants_with_defaults_and_ranges():
     assert ALLOY_ONLY_METHODS == set(SUBSPACE) and ALLOY_ONLY_METHODS <= set(METHODS)

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from kernels.registry import ALLOY_ONLY_METHODS, METHODS, get_method
 
-MERGEKIT_SCRIPT = textwrap.dedent('''
+MERGEKIT_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
     from safetensors.torch import load_file, save_file
@@ -42,7 +42,7 @@ MERGEKIT_SCRIPT = textwrap.dedent('''
         outputs[case["id"]] = merge_tensors(tensors, case["method"], parameters=params,
                                             base_index=case["base_index"]).contiguous()
     save_file(outputs, f"{folder}/outputs.safetensors")
-''')
+""")
 
 DETERMINISTIC_ATOL = 1e-6
 RANDOM_RTOL = 0.005
@@ -93,8 +93,7 @@ def _cases() -> list[tuple]:
         ("slerp_base_second", "slerp", three[:2], 1, {"t": 0.7}, {}),
         ("nuslerp_base", "nuslerp", three, 0, {}, {"weight": w3}),
         ("nuslerp_rows", "nuslerp", three, 0, {"nuslerp_flatten": False}, {"weight": w3}),
-        ("nuslerp_cols", "nuslerp", three, 0, {"nuslerp_flatten": False, "nuslerp_row_wise": True},
-         {"weight": w3}),
+        ("nuslerp_cols", "nuslerp", three, 0, {"nuslerp_flatten": False, "nuslerp_row_wise": True}, {"weight": w3}),
         ("nuslerp_nobase", "nuslerp", three[1:], None, {}, {"weight": [0.3, 0.7]}),
         ("multislerp_base", "multislerp", four, 0, {}, {"weight": w4}),
         ("multislerp_nobase", "multislerp", four[1:], None, {}, {"weight": [0.5, 0.3, 0.2]}),
@@ -114,13 +113,31 @@ def _cases() -> list[tuple]:
         ("task_arithmetic", "task_arithmetic", four, 0, {"lambda": 0.8}, {"weight": w4}),
         ("task_arithmetic_norm", "task_arithmetic", four, 0, {"normalize": True}, {"weight": w4}),
         ("ties", "ties", four, 0, {}, {"weight": w4, "density": [None, 0.5, 0.3, 0.7]}),
-        ("ties_rescale", "ties", four, 0, {"rescale": True, "lambda": 1.2},
-         {"weight": w4, "density": [None, 0.5, 0.3, 0.7]}),
+        (
+            "ties_rescale",
+            "ties",
+            four,
+            0,
+            {"rescale": True, "lambda": 1.2},
+            {"weight": w4, "density": [None, 0.5, 0.3, 0.7]},
+        ),
         ("ties_vector", "ties", vector, 0, {}, {"weight": w3, "density": [None, 0.4, 0.6]}),
-        ("breadcrumbs", "breadcrumbs", four, 0, {},
-         {"weight": w4, "density": [None, 0.5, 0.3, 0.7], "gamma": [None, 0.05, 0.1, 0.01]}),
-        ("breadcrumbs_ties", "breadcrumbs_ties", four, 0, {"rescale": True, "normalize": True},
-         {"weight": w4, "density": [None, 0.5, 0.8, 0.7], "gamma": [None, 0.05, 0.3, 0.01]}),
+        (
+            "breadcrumbs",
+            "breadcrumbs",
+            four,
+            0,
+            {},
+            {"weight": w4, "density": [None, 0.5, 0.3, 0.7], "gamma": [None, 0.05, 0.1, 0.01]},
+        ),
+        (
+            "breadcrumbs_ties",
+            "breadcrumbs_ties",
+            four,
+            0,
+            {"rescale": True, "normalize": True},
+            {"weight": w4, "density": [None, 0.5, 0.8, 0.7], "gamma": [None, 0.05, 0.3, 0.01]},
+        ),
     ]
     return cases + _edge_cases()
 
@@ -140,12 +157,30 @@ def _edge_cases() -> list[tuple]:
         ("model_stock_identical", "model_stock", same, 0, {}, {}),
         ("sce_identical", "sce", same, 0, {"select_topk": 0.5}, {}),
         ("ties_zero_task_vectors", "ties", same, 0, {}, {"weight": [None, 1.0, 1.0], "density": [None, 0.5, 0.5]}),
-        ("ties_density_zero_one", "ties", _family(8, (6, 7), 3), 0, {"rescale": True},
-         {"weight": [None, 1.0, 0.5], "density": [None, 0.0, 1.0]}),
-        ("breadcrumbs_density_zero", "breadcrumbs", _family(8, (6, 7), 3), 0, {"rescale": True},
-         {"weight": [None, 1.0, 0.5], "density": [None, 0.0, 0.9], "gamma": [None, 0.1, 0.2]}),
-        ("task_arithmetic_weights_cancel", "task_arithmetic", _family(9, (5, 4), 3), 0, {"normalize": True},
-         {"weight": [None, 1.0, -1.0]}),
+        (
+            "ties_density_zero_one",
+            "ties",
+            _family(8, (6, 7), 3),
+            0,
+            {"rescale": True},
+            {"weight": [None, 1.0, 0.5], "density": [None, 0.0, 1.0]},
+        ),
+        (
+            "breadcrumbs_density_zero",
+            "breadcrumbs",
+            _family(8, (6, 7), 3),
+            0,
+            {"rescale": True},
+            {"weight": [None, 1.0, 0.5], "density": [None, 0.0, 0.9], "gamma": [None, 0.1, 0.2]},
+        ),
+        (
+            "task_arithmetic_weights_cancel",
+            "task_arithmetic",
+            _family(9, (5, 4), 3),
+            0,
+            {"normalize": True},
+            {"weight": [None, 1.0, -1.0]},
+        ),
         ("linear_single", "linear", [x], None, {}, {"weight": [2.0]}),
         ("nearswap_identical", "nearswap", [x, x.clone()], 0, {"t": 0.1}, {}),
     ]
@@ -157,14 +192,38 @@ def _random_cases() -> list[tuple]:
     return [
         ("dare_linear", "dare_linear", one, 0, {"rescale": False}, {"weight": [None, 1.0], "density": [None, 0.3]}),
         ("dare_linear_rescaled", "dare_linear", one, 0, {}, {"weight": [None, 1.0], "density": [None, 0.3]}),
-        ("dare_ties", "dare_ties", two, 0, {"rescale": False},
-         {"weight": [None, 0.6, 0.4], "density": [None, 0.5, 0.7]}),
-        ("della_linear", "della_linear", one, 0, {"rescale": False},
-         {"weight": [None, 1.0], "density": [None, 0.4], "epsilon": [None, 0.2]}),
-        ("della", "della", two, 0, {"rescale": False},
-         {"weight": [None, 0.6, 0.4], "density": [None, 0.5, 0.3], "epsilon": [None, 0.1, 0.25]}),
-        ("della_rescaled", "della", two, 0, {},
-         {"weight": [None, 0.6, 0.4], "density": [None, 0.5, 0.3], "epsilon": [None, 0.1, 0.25]}),
+        (
+            "dare_ties",
+            "dare_ties",
+            two,
+            0,
+            {"rescale": False},
+            {"weight": [None, 0.6, 0.4], "density": [None, 0.5, 0.7]},
+        ),
+        (
+            "della_linear",
+            "della_linear",
+            one,
+            0,
+            {"rescale": False},
+            {"weight": [None, 1.0], "density": [None, 0.4], "epsilon": [None, 0.2]},
+        ),
+        (
+            "della",
+            "della",
+            two,
+            0,
+            {"rescale": False},
+            {"weight": [None, 0.6, 0.4], "density": [None, 0.5, 0.3], "epsilon": [None, 0.1, 0.25]},
+        ),
+        (
+            "della_rescaled",
+            "della",
+            two,
+            0,
+            {},
+            {"weight": [None, 0.6, 0.4], "density": [None, 0.5, 0.3], "epsilon": [None, 0.1, 0.25]},
+        ),
     ]
 
 
@@ -194,8 +253,16 @@ def merged(tmp_path_factory) -> dict[str, tuple[torch.Tensor, torch.Tensor, tupl
     for case_id, method, tensors, base_index, shared, per_input in cases:
         keys = [f"{case_id}.{i}" for i in range(len(tensors))]
         inputs.update({k: t.clone() for k, t in zip(keys, tensors)})
-        described.append({"id": case_id, "method": method, "tensors": keys, "base_index": base_index,
-                          "shared": shared, "per_input": per_input})
+        described.append(
+            {
+                "id": case_id,
+                "method": method,
+                "tensors": keys,
+                "base_index": base_index,
+                "shared": shared,
+                "per_input": per_input,
+            }
+        )
     save_file(inputs, folder / "inputs.safetensors")
     (folder / "cases.json").write_text(json.dumps(described))
     (folder / "run.py").write_text(MERGEKIT_SCRIPT)
@@ -227,4 +294,3 @@ def test_random_method_matches_mergekit_statistically(merged, case_id):
 def test_every_method_is_covered():
     covered = {case[1] for case in _cases() + _random_cases()}
     assert covered == set(METHODS) - ALLOY_ONLY_METHODS  # mergekit has no TSV-M / Iso-C to compare with
-

@@ -45,17 +45,21 @@ def family(tiny_family):
     return {"base": base, "t1": tunes[0], "t2": tunes[1], "t3": tunes[2]}
 
 
-@pytest.mark.parametrize("strategy, ids, parameters", [
-    ("ties", ["base", "t1", "t2", "t3"], {"density": 0.5}),
-    ("dare", ["base", "t1", "t2"], {"drop_rate": 0.3, "consensus": True}),
-    ("slerp", ["base", "t1"], {"t": [0.0, 1.0]}),
-    ("task_arithmetic", ["base", "t1", "t2"], {"lambda": 0.8}),
-    ("task_arithmetic:linear", ["t1", "t2"], {}),
-])
+@pytest.mark.parametrize(
+    "strategy, ids, parameters",
+    [
+        ("ties", ["base", "t1", "t2", "t3"], {"density": 0.5}),
+        ("dare", ["base", "t1", "t2"], {"drop_rate": 0.3, "consensus": True}),
+        ("slerp", ["base", "t1"], {"t": [0.0, 1.0]}),
+        ("task_arithmetic", ["base", "t1", "t2"], {"lambda": 0.8}),
+        ("task_arithmetic:linear", ["t1", "t2"], {}),
+    ],
+)
 def test_llama_merges_load_and_give_finite_logits(family, tmp_path, strategy, ids, parameters):
     strategy, _, variant = strategy.partition(":")
-    result = execute_merge(recipe(strategy, ids, parameters=parameters, seed=1, variant=variant or None), family,
-                           tmp_path / "out")
+    result = execute_merge(
+        recipe(strategy, ids, parameters=parameters, seed=1, variant=variant or None), family, tmp_path / "out"
+    )
     assert result.tensors == len(read_manifest(family["base"]).tensors)
     assert (tmp_path / "out" / "README.md").read_text().count(f"merge_strategy: {strategy}\n") == 1
     assert_loads_with_finite_logits(tmp_path / "out")
@@ -70,8 +74,11 @@ def test_other_architectures_merge(tiny_model_factory, tmp_path, arch):
 
 
 def test_merged_values_match_hand_computed_task_arithmetic(family, tmp_path):
-    execute_merge(recipe("task_arithmetic", ["base", "t1", "t2"], parameters={"lambda": 0.5}, dtype="float32"),
-                  family, tmp_path / "out")
+    execute_merge(
+        recipe("task_arithmetic", ["base", "t1", "t2"], parameters={"lambda": 0.5}, dtype="float32"),
+        family,
+        tmp_path / "out",
+    )
     base, t1, t2 = (load_weights(family[m]) for m in ("base", "t1", "t2"))
     merged = load_weights(tmp_path / "out")
     name = "model.layers.1.mlp.up_proj.weight"
@@ -83,7 +90,11 @@ def test_merged_values_match_hand_computed_task_arithmetic(family, tmp_path):
 def test_franken_merge_stacks_slices(tiny_model_factory, tmp_path, arch, layer_key):
     a = tiny_model_factory(arch, seed=0, layers=3)
     b = tiny_model_factory(arch, seed=1, base=a, layers=3)
-    slices = [Slice(model="a", layer_range=(0, 2)), Slice(model="b", layer_range=(1, 3)), Slice(model="a", layer_range=(1, 2))]
+    slices = [
+        Slice(model="a", layer_range=(0, 2)),
+        Slice(model="b", layer_range=(1, 3)),
+        Slice(model="a", layer_range=(1, 2)),
+    ]
     result = execute_merge(MergeRecipe(strategy="franken_merge", slices=slices), {"a": a, "b": b}, tmp_path / "out")
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config[layer_key] == 5
@@ -153,8 +164,9 @@ def test_sharded_inputs_and_outputs_match_the_in_memory_merge(tiny_model_factory
     sharded = tiny_model_factory("llama", seed=1, base=family["base"], max_shard_size="20KB")
     assert len(read_manifest(sharded).shards) > 1
     sources = {"base": family["base"], "s": sharded, "t2": family["t2"]}
-    ties_recipe = recipe("ties", ["base", "s", "t2"], parameters={"density": 0.4, "epsilon": 0.1}, seed=3,
-                         dtype="bfloat16")
+    ties_recipe = recipe(
+        "ties", ["base", "s", "t2"], parameters={"density": 0.4, "epsilon": 0.1}, seed=3, dtype="bfloat16"
+    )
     execute_merge(ties_recipe, sources, tmp_path / "out", shard_bytes=16_000)
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 2
@@ -173,8 +185,9 @@ def test_merge_state_dicts_does_not_touch_its_inputs(family):
 
 def test_progress_is_reported_per_tensor(family, tmp_path):
     seen = []
-    result = execute_merge(recipe("task_arithmetic", ["t1", "t2"], variant="linear"), family, tmp_path / "out",
-                           progress=seen.append)
+    result = execute_merge(
+        recipe("task_arithmetic", ["t1", "t2"], variant="linear"), family, tmp_path / "out", progress=seen.append
+    )
     assert [p.tensors_done for p in seen] == list(range(1, result.tensors + 1))
     assert seen[-1].bytes_done == seen[-1].bytes_total == result.bytes
     assert all(p.current for p in seen)
@@ -188,8 +201,15 @@ def test_cancel_leaves_nothing(family, tmp_path):
             cancel.set()
 
     with pytest.raises(MergeCancelled):
-        execute_merge(recipe("ties", ["base", "t1"]), family, tmp_path / "out", progress=cancel_after_three,
-                      cancel=cancel, max_in_flight=1, workers=1)
+        execute_merge(
+            recipe("ties", ["base", "t1"]),
+            family,
+            tmp_path / "out",
+            progress=cancel_after_three,
+            cancel=cancel,
+            max_in_flight=1,
+            workers=1,
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -208,11 +228,11 @@ def test_cli_merges_a_mergekit_recipe(family, tmp_path):
     recipe_file = tmp_path / "recipe.yml"
     recipe_file.write_text(f"""
 merge_method: dare_linear
-base_model: {family['base']}
+base_model: {family["base"]}
 models:
-  - model: {family['t1']}
+  - model: {family["t1"]}
     parameters: {{weight: 0.5, density: 0.7}}
-  - model: {family['t2']}
+  - model: {family["t2"]}
     parameters: {{weight: 0.5, density: 0.7}}
 dtype: float16
 """)

@@ -36,8 +36,15 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_adapter(folder: Path, base: dict[str, torch.Tensor], *, rslora: bool = False, fan_in_fan_out: bool = False,
-                  seed: int = 0, **config) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def write_adapter(
+    folder: Path,
+    base: dict[str, torch.Tensor],
+    *,
+    rslora: bool = False,
+    fan_in_fan_out: bool = False,
+    seed: int = 0,
+    **config,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """A PEFT-layout LoRA adapter for TARGETS (plain safetensors, PEFT's tensor names); returns module -> (A, B)."""
     folder.mkdir(parents=True)
     g = torch.Generator().manual_seed(seed)
@@ -52,9 +59,19 @@ def write_adapter(folder: Path, base: dict[str, torch.Tensor], *, rslora: bool =
         tensors[f"base_model.model.{module}.lora_B.weight"] = b
         pairs[module] = (a, b)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA, "target_modules": ["q_proj", "up_proj"],
-        "use_rslora": rslora, "fan_in_fan_out": fan_in_fan_out, **config}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": RANK,
+                "lora_alpha": ALPHA,
+                "target_modules": ["q_proj", "up_proj"],
+                "use_rslora": rslora,
+                "fan_in_fan_out": fan_in_fan_out,
+                **config,
+            }
+        )
+    )
     return pairs
 
 

@@ -42,6 +42,7 @@ def refusal(text: str) -> AlloyError:
 
 # --- Alloy-native recipes --------------------------------------------------------------------------------------
 
+
 def test_unknown_strategy_is_invalid_strategy():
     with pytest.raises(AlloyError) as info:
         validate_recipe(recipe("magic"))
@@ -110,8 +111,14 @@ def test_validation_is_idempotent():
 
 def test_from_request_fields():
     built = MergeRecipe.from_request_fields(
-        models=["m1", "m2", "m3"], strategy="dare", parameters={"drop_rate": 0.2}, output_model_id="out",
-        model_parameters={"m2": {"weight": 0.5}}, seed=9, dtype="bfloat16")
+        models=["m1", "m2", "m3"],
+        strategy="dare",
+        parameters={"drop_rate": 0.2},
+        output_model_id="out",
+        model_parameters={"m2": {"weight": 0.5}},
+        seed=9,
+        dtype="bfloat16",
+    )
     assert built.model_parameters("m2") == {"weight": 0.5}
     assert (built.seed, built.dtype, built.base) == (9, "bfloat16", "m1")
     validate_recipe(built)
@@ -126,19 +133,23 @@ def test_alloy_yaml_with_model_shorthand():
 
 
 def test_alloy_yaml_takes_variant_and_mergekit_slices():
-    loaded = validate_recipe(load_recipe_yaml("""
+    loaded = validate_recipe(
+        load_recipe_yaml("""
 strategy: task_arithmetic
 variant: linear
 slices:
   - sources: [{model: a, layer_range: [0, 2], parameters: {weight: 2}}, {model: b, layer_range: [1, 3]}]
-"""))
+""")
+    )
     assert loaded.variant == "linear" and loaded.slices[0].sources[0].parameters == {"weight": 2}
 
 
 # --- mergekit recipes -------------------------------------------------------------------------------------------
 
+
 def test_mergekit_dare_ties_keeps_mergekit_names_and_dtypes():
-    loaded = validate_recipe(load_recipe_yaml("""
+    loaded = validate_recipe(
+        load_recipe_yaml("""
 merge_method: dare_ties
 base_model: base
 models:
@@ -148,7 +159,8 @@ models:
 parameters: {int8_mask: true, normalize: true}
 dtype: bf16
 out_dtype: float16
-"""))
+""")
+    )
     assert (loaded.strategy, loaded.variant, loaded.base) == ("dare", "dare_ties", "base")
     assert (loaded.compute_dtype, loaded.dtype) == ("bfloat16", "float16")
     assert loaded.parameters == {"int8_mask": True, "normalize": True}
@@ -161,14 +173,17 @@ def test_mergekit_dtype_alone_is_also_the_output_dtype():
 
 
 def test_slice_parameters_beat_global_ones():
-    plan = plan_of("""
+    plan = plan_of(
+        """
 merge_method: slerp
 base_model: A
 slices:
   - sources: [{model: A, layer_range: [0, 2]}, {model: B, layer_range: [0, 2]}]
     parameters: {t: 0.3}
 parameters: {t: 0.9}
-""", {"A": 2, "B": 2})
+""",
+        {"A": 2, "B": 2},
+    )
     shared, _ = resolve_task_parameters(plan, task(plan, "model.layers.1.mlp.up_proj.weight"))
     assert shared["t"] == 0.3
 
@@ -192,40 +207,61 @@ parameters: {weight: 0.3, lambda: 0.5}
 
 
 def test_model_level_sits_between_slice_and_global_in_alloy_recipes():
-    validated = validate_recipe(MergeRecipe(
-        strategy="task_arithmetic", models=[ModelRef(model="a"), ModelRef(model="b", parameters={"weight": 0.4}),
-                                            ModelRef(model="c", parameters={"weight": 0.4})],
-        parameters={"weight": 0.9},
-        slices=[{"sources": [{"model": "a", "layer_range": [0, 2]}, {"model": "b", "layer_range": [0, 2]},
-                             {"model": "c", "layer_range": [0, 2], "parameters": {"weight": 0.2}}]}]))
+    validated = validate_recipe(
+        MergeRecipe(
+            strategy="task_arithmetic",
+            models=[
+                ModelRef(model="a"),
+                ModelRef(model="b", parameters={"weight": 0.4}),
+                ModelRef(model="c", parameters={"weight": 0.4}),
+            ],
+            parameters={"weight": 0.9},
+            slices=[
+                {
+                    "sources": [
+                        {"model": "a", "layer_range": [0, 2]},
+                        {"model": "b", "layer_range": [0, 2]},
+                        {"model": "c", "layer_range": [0, 2], "parameters": {"weight": 0.2}},
+                    ]
+                }
+            ],
+        )
+    )
     plan = build_plan(validated, {m: layout(2) for m in "abc"})
     _, inputs = resolve_task_parameters(plan, task(plan, "model.layers.0.mlp.up_proj.weight"))
     assert [p["weight"] for p in inputs[1:]] == [0.4, 0.2]
 
 
 def test_a_filter_that_matches_nothing_falls_through_to_the_next_level():
-    plan = plan_of("""
+    plan = plan_of(
+        """
 merge_method: slerp
 base_model: A
 slices:
   - sources: [{model: A, layer_range: [0, 3]}, {model: B, layer_range: [0, 3]}]
     parameters: {t: [{filter: self_attn, value: [0.0, 1.0]}]}
 parameters: {t: 0.25}
-""", {"A": 3, "B": 3})
-    attn = [resolve_task_parameters(plan, task(plan, f"model.layers.{i}.self_attn.q_proj.weight"))[0]["t"]
-            for i in range(3)]
+""",
+        {"A": 3, "B": 3},
+    )
+    attn = [
+        resolve_task_parameters(plan, task(plan, f"model.layers.{i}.self_attn.q_proj.weight"))[0]["t"] for i in range(3)
+    ]
     mlp = resolve_task_parameters(plan, task(plan, "model.layers.1.mlp.up_proj.weight"))[0]["t"]
     assert attn == [0.0, 0.5, 1.0] and mlp == 0.25
 
 
 def test_partial_layer_range_writes_only_those_layers():
-    plan = plan_of("""
+    plan = plan_of(
+        """
 merge_method: slerp
 base_model: A
 slices:
   - sources: [{model: A, layer_range: [0, 3]}, {model: B, layer_range: [0, 3]}]
 parameters: {t: 0.5}
-""", {"A": 5, "B": 5})
+""",
+        {"A": 5, "B": 5},
+    )
     layers = {t.output_name.split(".")[2] for t in plan.tasks if t.output_name.startswith("model.layers.")}
     assert layers == {"0", "1", "2"} and plan.output_layers == 3
     config = output_config(plan, {"num_hidden_layers": 5, "layer_types": ["full", "sliding"] * 2 + ["full"]})
@@ -233,7 +269,8 @@ parameters: {t: 0.5}
 
 
 def test_several_slices_each_with_their_own_sources_ranges_and_t():
-    plan = plan_of("""
+    plan = plan_of(
+        """
 merge_method: slerp
 base_model: A
 slices:
@@ -241,7 +278,9 @@ slices:
     parameters: {t: [0.0, 1.0]}
   - sources: [{model: A, layer_range: [3, 4]}, {model: B, layer_range: [2, 3]}]
     parameters: {t: 0.7}
-""", {"A": 4, "B": 4})
+""",
+        {"A": 4, "B": 4},
+    )
     last = task(plan, "model.layers.2.mlp.up_proj.weight")
     assert last.sources == (("A", "model.layers.3.mlp.up_proj.weight"), ("B", "model.layers.2.mlp.up_proj.weight"))
     ts = [resolve_task_parameters(plan, task(plan, f"model.layers.{i}.mlp.up_proj.weight"))[0]["t"] for i in range(3)]
@@ -251,25 +290,30 @@ slices:
 
 
 def test_mergekit_passthrough_is_franken_merge_with_one_source_per_slice():
-    loaded = validate_recipe(load_recipe_yaml("""
+    loaded = validate_recipe(
+        load_recipe_yaml("""
 merge_method: passthrough
 slices:
   - sources: [{model: A, layer_range: [0, 3]}]
   - sources: [{model: B, layer_range: [2, 4]}]
-"""))
+""")
+    )
     assert (loaded.strategy, loaded.variant) == ("franken_merge", "passthrough")
     assert [m.model for m in loaded.models] == ["A", "B"]
 
 
 def test_passthrough_scale_resolves_at_every_level():
-    plan = plan_of("""
+    plan = plan_of(
+        """
 merge_method: passthrough
 slices:
   - sources: [{model: A, layer_range: [0, 1], parameters: {scale: 0.5}}]
   - sources: [{model: A, layer_range: [1, 2]}]
     parameters: {scale: [{filter: mlp, value: 2.0}]}
 parameters: {scale: 3.0}
-""", {"A": 2})
+""",
+        {"A": 2},
+    )
     scale = lambda name: resolve_task_parameters(plan, task(plan, name))[1][0]["scale"]  # noqa: E731
     assert scale("model.layers.0.mlp.up_proj.weight") == 0.5
     assert scale("model.layers.1.mlp.up_proj.weight") == 2.0
@@ -277,8 +321,10 @@ parameters: {scale: 3.0}
 
 
 def test_mergekit_ties_epsilon_is_refused_not_ignored():
-    error = refusal("merge_method: ties\nbase_model: b\nmodels: [{model: b}, {model: a, parameters: {weight: 1, "
-                    "density: 0.5}}]\nparameters: {epsilon: 0.1}\n")
+    error = refusal(
+        "merge_method: ties\nbase_model: b\nmodels: [{model: b}, {model: a, parameters: {weight: 1, "
+        "density: 0.5}}]\nparameters: {epsilon: 0.1}\n"
+    )
     assert error.code is ErrorCode.VALIDATION_FAILED and error.details["field"] == "parameters.epsilon"
 
 
@@ -303,30 +349,42 @@ parameters: {t: 0.5}
     assert error.details["field"] == "base_model"
 
 
-@pytest.mark.parametrize("text, field", [
-    ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nname: x\n", "name"),
-    ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer_source: base\n", "tokenizer_source"),
-    ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer: {source: union}\n", "tokenizer"),
-    ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nchat_template: chatml\n", "chat_template"),
-    ("merge_method: linear\nmodels: [{model: a, weight: 1}, {model: b}]\n", "models.0.weight"),
-    ("merge_method: linear\nmodels: [{model: a+lora+more}, {model: b}]\n", "models.0.model"),  # one adapter at most
-    ("merge_method: passthrough\nslices: [{sources: [{model: a, layer_range: [0, 1]}], residual_weight: 0.1}]\n",
-     "slices.0.residual_weight"),
-    ("merge_method: linear\nmodels: [{model: a, parameters: {weight: 1, density: 0.5}}, {model: b}]\n",
-     "models.0.parameters.density"),
-    ("merge_method: ties\nbase_model: a\nmodels: [{model: a}, {model: b, parameters: {normalize: true}}]\n",
-     "models.1.parameters.normalize"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nname: x\n", "name"),
+        ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer_source: base\n", "tokenizer_source"),
+        ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer: {source: union}\n", "tokenizer"),
+        ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nchat_template: chatml\n", "chat_template"),
+        ("merge_method: linear\nmodels: [{model: a, weight: 1}, {model: b}]\n", "models.0.weight"),
+        ("merge_method: linear\nmodels: [{model: a+lora+more}, {model: b}]\n", "models.0.model"),  # one adapter at most
+        (
+            "merge_method: passthrough\nslices: [{sources: [{model: a, layer_range: [0, 1]}], residual_weight: 0.1}]\n",
+            "slices.0.residual_weight",
+        ),
+        (
+            "merge_method: linear\nmodels: [{model: a, parameters: {weight: 1, density: 0.5}}, {model: b}]\n",
+            "models.0.parameters.density",
+        ),
+        (
+            "merge_method: ties\nbase_model: a\nmodels: [{model: a}, {model: b, parameters: {normalize: true}}]\n",
+            "models.1.parameters.normalize",
+        ),
+    ],
+)
 def test_every_key_is_honoured_or_refused_by_name(text, field):
     error = refusal(text)
     assert error.code is ErrorCode.VALIDATION_FAILED and error.details["field"] == field
 
 
-@pytest.mark.parametrize("text, code", [
-    ("merge_method: frobnicate\nmodels: [{model: a}, {model: b}]\n", ErrorCode.INVALID_STRATEGY),
-    ("just: [a, list]\n", ErrorCode.VALIDATION_FAILED),
-    ("strategy: [unclosed\n", ErrorCode.VALIDATION_FAILED),
-])
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("merge_method: frobnicate\nmodels: [{model: a}, {model: b}]\n", ErrorCode.INVALID_STRATEGY),
+        ("just: [a, list]\n", ErrorCode.VALIDATION_FAILED),
+        ("strategy: [unclosed\n", ErrorCode.VALIDATION_FAILED),
+    ],
+)
 def test_unusable_recipe_files(text, code):
     with pytest.raises(AlloyError) as info:
         load_recipe_yaml(text)
@@ -334,25 +392,36 @@ def test_unusable_recipe_files(text, code):
 
 
 def test_mergekit_values_convert_as_mergekit_reads_them():
-    loaded = validate_recipe(load_recipe_yaml("""
+    loaded = validate_recipe(
+        load_recipe_yaml("""
 merge_method: karcher
 models: [{model: a}, {model: b}]
 parameters: {tol: 1e-5, max_iter: 12}
-"""))
+""")
+    )
     assert loaded.parameters == {"tol": 1e-5, "max_iter": 12}
-    ties = validate_recipe(load_recipe_yaml("merge_method: ties\nbase_model: a\nmodels: [{model: a}, {model: b, "
-                                            "parameters: {weight: 1, density: [{filter: mlp, value: '0.5'}]}}]\n"
-                                            "parameters: {normalize: 0, int8_mask: 1.0}\n"))
+    ties = validate_recipe(
+        load_recipe_yaml(
+            "merge_method: ties\nbase_model: a\nmodels: [{model: a}, {model: b, "
+            "parameters: {weight: 1, density: [{filter: mlp, value: '0.5'}]}}]\n"
+            "parameters: {normalize: 0, int8_mask: 1.0}\n"
+        )
+    )
     assert ties.parameters == {"normalize": False, "int8_mask": True}
     assert ties.model_parameters("b")["density"] == [{"filter": "mlp", "value": 0.5}]
 
 
-@pytest.mark.parametrize("text, field", [
-    ("strategy: ties\nmodels: [a, b]\nbogus: 1\n", "bogus"),
-    ("strategy: ties\nmodels: [a, b]\nmergekit_config: 'x'\n", "mergekit_config"),
-    ("strategy: ties\nslices: [{sources: [{model: a, layer_range: [0, 1], weight: 2}]}]\n",
-     "slices.0.sources.0.weight"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("strategy: ties\nmodels: [a, b]\nbogus: 1\n", "bogus"),
+        ("strategy: ties\nmodels: [a, b]\nmergekit_config: 'x'\n", "mergekit_config"),
+        (
+            "strategy: ties\nslices: [{sources: [{model: a, layer_range: [0, 1], weight: 2}]}]\n",
+            "slices.0.sources.0.weight",
+        ),
+    ],
+)
 def test_alloy_recipes_refuse_unknown_keys_by_name(text, field):
     with pytest.raises(AlloyError) as info:
         load_recipe_yaml(text)
@@ -369,8 +438,11 @@ def two_stacks() -> dict[str, TensorMeta]:
 
 
 def test_each_layer_stack_has_its_own_depth():
-    recipe = validate_recipe(load_recipe_yaml(
-        "merge_method: slerp\nbase_model: A\nmodels: [{model: A}, {model: B}]\nparameters: {t: [0.0, 1.0]}\n"))
+    recipe = validate_recipe(
+        load_recipe_yaml(
+            "merge_method: slerp\nbase_model: A\nmodels: [{model: A}, {model: B}]\nparameters: {t: [0.0, 1.0]}\n"
+        )
+    )
     plan = build_plan(recipe, {"A": two_stacks(), "B": two_stacks()})
     t = lambda name: resolve_task_parameters(plan, task(plan, name))[0]["t"]  # noqa: E731
     assert t("vision_tower.transformer.layers.1.attention.q_proj.weight") == 1.0
@@ -379,8 +451,9 @@ def test_each_layer_stack_has_its_own_depth():
 
 
 def test_slicing_a_model_with_several_layer_stacks_is_refused():
-    recipe = validate_recipe(load_recipe_yaml(
-        "merge_method: passthrough\nslices: [{sources: [{model: A, layer_range: [0, 2]}]}]\n"))
+    recipe = validate_recipe(
+        load_recipe_yaml("merge_method: passthrough\nslices: [{sources: [{model: A, layer_range: [0, 2]}]}]\n")
+    )
     with pytest.raises(AlloyError) as info:
         build_plan(recipe, {"A": two_stacks()})
     assert info.value.code is ErrorCode.VALIDATION_FAILED and info.value.details["field"] == "slices"

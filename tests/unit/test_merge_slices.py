@@ -37,13 +37,17 @@ def merge(text: str, sources, out: Path):
 def test_partial_depth_slerp_writes_three_layers(five, tmp_path):
     import transformers
 
-    merge("""
+    merge(
+        """
 merge_method: slerp
 base_model: A
 slices:
   - sources: [{model: A, layer_range: [0, 3]}, {model: B, layer_range: [0, 3]}]
 parameters: {t: 0.4}
-""", five, tmp_path / "out")
+""",
+        five,
+        tmp_path / "out",
+    )
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["num_hidden_layers"] == 3
     merged, a, b = (load_weights(p) for p in (tmp_path / "out", five["A"], five["B"]))
@@ -55,7 +59,8 @@ parameters: {t: 0.4}
 
 
 def test_several_slices_with_their_own_parameters(five, tmp_path):
-    merge("""
+    merge(
+        """
 merge_method: slerp
 base_model: A
 slices:
@@ -64,7 +69,10 @@ slices:
   - sources: [{model: A, layer_range: [2, 5]}, {model: B, layer_range: [2, 5]}]
     parameters: {t: [0.0, 1.0]}
 parameters: {t: 0.9}
-""", five, tmp_path / "out")
+""",
+        five,
+        tmp_path / "out",
+    )
     merged, a, b = (load_weights(p) for p in (tmp_path / "out", five["A"], five["B"]))
     for layer, t in [(0, 0.1), (1, 0.1), (2, 0.0), (3, 0.5), (4, 1.0)]:
         name = f"model.layers.{layer}.self_attn.q_proj.weight"
@@ -76,31 +84,40 @@ parameters: {t: 0.9}
 
 
 def test_passthrough_scale_is_applied_at_source_slice_and_global_level(five, tmp_path):
-    merge("""
+    merge(
+        """
 merge_method: passthrough
 slices:
   - sources: [{model: A, layer_range: [0, 1], parameters: {scale: 0.5}}]
   - sources: [{model: B, layer_range: [4, 5]}]
     parameters: {scale: [{filter: mlp, value: 2.0}]}
 parameters: {scale: 3.0}
-""", five, tmp_path / "out")
+""",
+        five,
+        tmp_path / "out",
+    )
     merged, a, b = (load_weights(p) for p in (tmp_path / "out", five["A"], five["B"]))
     assert torch.equal(merged["model.layers.0.mlp.up_proj.weight"], a["model.layers.0.mlp.up_proj.weight"] * 0.5)
     assert torch.equal(merged["model.layers.1.mlp.up_proj.weight"], b["model.layers.4.mlp.up_proj.weight"] * 2.0)
-    assert torch.equal(merged["model.layers.1.self_attn.q_proj.weight"],
-                       b["model.layers.4.self_attn.q_proj.weight"] * 3.0)
+    assert torch.equal(
+        merged["model.layers.1.self_attn.q_proj.weight"], b["model.layers.4.self_attn.q_proj.weight"] * 3.0
+    )
     # embeddings are read with the first slice's source (its scale), the final norm with the last slice's
     assert torch.equal(merged["model.embed_tokens.weight"], a["model.embed_tokens.weight"] * 0.5)
     assert torch.equal(merged["model.norm.weight"], b["model.norm.weight"] * 3.0)
 
 
 def test_compute_dtype_rounds_inputs_and_output_dtype_is_separate(five, tmp_path):
-    merge("""
+    merge(
+        """
 merge_method: linear
 models: [{model: A, parameters: {weight: 1.0}}, {model: B, parameters: {weight: 3.0}}]
 dtype: bfloat16
 out_dtype: float32
-""", five, tmp_path / "out")
+""",
+        five,
+        tmp_path / "out",
+    )
     merged, a, b = (load_weights(p) for p in (tmp_path / "out", five["A"], five["B"]))
     name = "model.layers.1.mlp.up_proj.weight"
     assert merged[name].dtype == torch.float32
@@ -138,7 +155,8 @@ def test_output_files_keep_the_mergekit_recipe_and_a_card_with_front_matter(five
 def test_alloy_recipes_write_no_mergekit_config(five, tmp_path):
     from alloy.merge.recipe import MergeRecipe, ModelRef
 
-    execute_merge(MergeRecipe(strategy="slerp", models=[ModelRef(model="A"), ModelRef(model="B")]), five,
-                  tmp_path / "out")
+    execute_merge(
+        MergeRecipe(strategy="slerp", models=[ModelRef(model="A"), ModelRef(model="B")]), five, tmp_path / "out"
+    )
     assert not (tmp_path / "out" / "mergekit_config.yml").exists()
     assert "merge_method: slerp" in (tmp_path / "out" / "README.md").read_text()

@@ -16,8 +16,15 @@ from alloy.cli.merge import resolve_source
 from alloy.errors import AlloyError, ErrorCode
 from alloy.merge.executor import execute_merge
 from alloy.merge.mergekit import load_recipe_yaml
-from bench.mergekit_diff import (CASES, compare, layer_count, mergekit_python, model_class, pico_family,
-                                 run_mergekit_batch)
+from bench.mergekit_diff import (
+    CASES,
+    compare,
+    layer_count,
+    mergekit_python,
+    model_class,
+    pico_family,
+    run_mergekit_batch,
+)
 
 torch.set_num_threads(1)
 BY_NAME = {case.name: case for case in CASES}
@@ -52,8 +59,10 @@ def alloy_outputs(families, tmp_path_factory):
 def mergekit_outputs(families, tmp_path_factory):
     python = mergekit_python()
     if python is None:
-        pytest.skip("mergekit is not installed here (CI has none): set ALLOY_MERGEKIT_PYTHON to a python with "
-                    "mergekit 0.1.5 to run the differential half")
+        pytest.skip(
+            "mergekit is not installed here (CI has none): set ALLOY_MERGEKIT_PYTHON to a python with "
+            "mergekit 0.1.5 to run the differential half"
+        )
     root = tmp_path_factory.mktemp("mergekit-out")
     jobs = []
     for case in (c for c in CASES if not c.refused):  # a refused recipe has nothing to compare
@@ -99,10 +108,12 @@ def _known(name: str):
 def test_alloy_gives_mergekits_tensors(alloy_outputs, mergekit_outputs, families, name):
     case = BY_NAME[name]
     assert isinstance(alloy_outputs[name], Path), alloy_outputs[name]
-    assert (mergekit_outputs[name] / "config.json").exists(), \
-        (mergekit_outputs[name].parent / "mergekit-failures.log").read_text()[-3000:]
-    report = compare(alloy_outputs[name], mergekit_outputs[name], random=case.random,
-                     base_dir=families[case.arch]["base"])
+    assert (mergekit_outputs[name] / "config.json").exists(), (
+        mergekit_outputs[name].parent / "mergekit-failures.log"
+    ).read_text()[-3000:]
+    report = compare(
+        alloy_outputs[name], mergekit_outputs[name], random=case.random, base_dir=families[case.arch]["base"]
+    )
     assert report["same_tensors"], (report["only_alloy"], report["only_mergekit"])
     assert report["layers"][0] == report["layers"][1]
     assert report["dtypes_equal"]
