@@ -11,7 +11,7 @@ from sqlalchemy.engine import make_url
 
 
 def cli_settings():
-    from alloy.control.local_run import local_settings
+    from alloy.cluster.local_state import local_settings
 
     return local_settings()
 

@@ -163,7 +163,8 @@ def _reload(run, reload_local) -> None:
 
 def _stop(run, signals: _Signals) -> int:
     # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
-    from alloy.control.local_run import StopRequest, stop_local, take_stop_request
+    from alloy.cluster.local_state import StopRequest, take_stop_request
+    from alloy.control.local_run import stop_local
 
     if run.head.process.poll() is not None:
         click.echo("the Ray head exited on its own: forced stop", err=True)
@@ -192,7 +193,7 @@ def stop(force: bool, timeout_s: float | None) -> None:
     --force. Exits 2 when a graceful stop ran past its timeout and was forced."""
 
     from alloy.cli.data import cli_settings
-    from alloy.control.local_run import StopRequest, pid_alive, read_local_state, write_stop_request
+    from alloy.cluster.local_state import StopRequest, pid_alive, read_local_state, write_stop_request
 
     settings = cli_settings()
     data_dir = settings.data_dir
@@ -240,8 +241,8 @@ def status(as_json: bool) -> None:
     its duration), the last recovery, active jobs. Reads only the database. Exits 3 unless READY."""
 
     from alloy.cli.data import cli_settings, open_existing_database
+    from alloy.cluster.local_state import pid_alive, read_local_state
     from alloy.cluster.state import ClusterState, ClusterStateStore
-    from alloy.control.local_run import pid_alive, read_local_state
     from alloy.jobs.store import JobStore
 
     settings = cli_settings()

@@ -15,18 +15,25 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import psutil
 import ray
 from ray import serve
 from ray.serve.schema import ServeDeploySchema
 
+from alloy.cluster.local_state import (
+    PROJECT_ROOT,
+    STATE_FILE,
+    STOP_REQUEST_FILE,
+    StopRequest,
+    local_settings,
+    pid_alive,
+    read_local_state,
+)
 from alloy.cluster.shutdown import Shutdown, ShutdownActions, ShutdownReport
 from alloy.cluster.startup import StartContext
 from alloy.cluster.state import ClusterStateStore, LifecycleRun
 from alloy.components import RAY_NAMESPACE
-from alloy.config import ConfigHolder, Settings, load_settings
+from alloy.config import ConfigHolder, Settings
 from alloy.control import serve_ops
 from alloy.control.ray_head import RayHead, start_ray_head, stop_ray_head
 from alloy.control.sequences import serve_start_sequence
@@ -43,10 +50,7 @@ from alloy.zoo.presets import build_preset, quiet_build_output, register_preset
 
 logger = logging.getLogger("alloy.lifecycle")
 
-STATE_FILE = "run/alloy-start.json"
-STOP_REQUEST_FILE = "run/stop-request.json"
 DEMO_KEY_FILE = "run/admin-key"
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = PROJECT_ROOT / "configs" / "serve.yaml"
 ALLOY_CONFIG = PROJECT_ROOT / "configs" / "alloy.yaml"
 
@@ -69,42 +73,6 @@ class LocalRun:
     @property
     def cluster_state(self) -> ClusterStateStore:
         return self.context["cluster_state"]
-
-
-@dataclass
-class StopRequest:
-    """What `alloy stop` asks of the foreground `alloy start` (written next to the state file, then SIGTERM)."""
-
-    force: bool = False
-    timeout_s: float | None = None  # None: lifecycle.shutdown_timeout_s
-
-
-def write_stop_request(data_dir: Path, request: StopRequest) -> None:
-    path = Path(data_dir) / STOP_REQUEST_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"force": request.force, "timeout_s": request.timeout_s}))
-
-
-def take_stop_request(data_dir: Path) -> StopRequest:
-    """The pending request (consumed), or a graceful stop with the configured timeout (SIGTERM, Ctrl-C)."""
-    path = Path(data_dir) / STOP_REQUEST_FILE
-    if not path.exists():
-        return StopRequest()
-    raw = json.loads(path.read_text())
-    path.unlink(missing_ok=True)
-    return StopRequest(force=bool(raw.get("force")), timeout_s=raw.get("timeout_s"))
-
-
-def local_settings(config_path: str | Path | None = None) -> Settings:
-    """The settings `alloy start/stop/status` use: the config file (``--config`` or ALLOY_CONFIG), with the data
-    dir made absolute so every process opens the same database."""
-    if config_path:
-        os.environ["ALLOY_CONFIG"] = str(Path(config_path).resolve())
-    settings = load_settings()
-    # A data dir given by the user (--data-dir, ALLOY_DATA_DIR) is relative to where they are; one from the
-    # config file is relative to the project root, as the Serve builder pins it: any folder finds the same data.
-    anchor = Path.cwd() if "ALLOY_DATA_DIR" in os.environ else PROJECT_ROOT
-    return load_settings(data_dir=str((anchor / settings.data_dir).resolve()))
 
 
 def _ray_temp_dir(data_dir: Path) -> Path:
@@ -315,22 +283,3 @@ def reload_local(run: LocalRun) -> LifecycleRun:
     result = sequence.run(context)
     run.context["settings"] = context["settings"]
     return result
-
-
-def read_local_state(data_dir: Path) -> dict[str, Any] | None:
-    state_file = Path(data_dir) / STATE_FILE
-    if not state_file.exists():
-        return None
-    return json.loads(state_file.read_text())
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether the process runs; a zombie (exited, not yet reaped by its parent) does not."""
-    if not pid:
-        return False
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
