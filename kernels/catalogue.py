@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernels.registry import METHODS, UNLIMITED, MethodSpec, ParamSpec
+from kernels.registry import METHODS
+from kernels.specs import UNLIMITED, MethodSpec, ParamSpec
 
 _TYPE_NAMES = {float: "float", int: "int", bool: "bool"}
 

@@ -8,26 +8,15 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import time
 
 from alloy.errors import AlloyError, ErrorCode
+from alloy.http_port import RESERVED_PORTS, port_is_free
 
 # Ports we may use; everything below 20000 is left alone (Redis 6379, Serve 8000, dashboard 8265, and the
 # 10002-19999 range other tools on the machine use).
 PORT_RANGE = (20000, 39999)
-FORBIDDEN_PORTS = {6379, 8000, 8265}
 WORKER_PORT_SPAN = 200
-
-
-def is_port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def pick_port_block(count: int, *, span_after: int = 0, rng: random.Random | None = None) -> list[int]:
@@ -39,12 +28,12 @@ def pick_port_block(count: int, *, span_after: int = 0, rng: random.Random | Non
     for _ in range(200):
         base = rng.randrange(low, high - needed)
         block = range(base, base + needed)
-        if any(p in FORBIDDEN_PORTS for p in block):
+        if any(p in RESERVED_PORTS for p in block):
             continue
         # Checking every worker port would be slow and racy; the named ports must be free, worker ports are
         # sampled.
-        if all(is_port_free(p) for p in block[:count]) and all(
-            is_port_free(p) for p in block[count :: max(1, span_after // 8)]
+        if all(port_is_free(p) for p in block[:count]) and all(
+            port_is_free(p) for p in block[count :: max(1, span_after // 8)]
         ):
             return list(block)
     raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"no free block of {needed} ports in {PORT_RANGE}")

@@ -26,8 +26,9 @@ from typing import Any
 import psutil
 
 from alloy.control import ray_private
-from alloy.control.ports import WORKER_PORT_SPAN, is_port_free, pick_port_block
+from alloy.control.ports import WORKER_PORT_SPAN, pick_port_block
 from alloy.errors import AlloyError, ErrorCode
+from alloy.http_port import port_is_free
 
 RAY_PORT_FLAGS = (
     "port",
@@ -144,7 +145,7 @@ def _wait_for_gcs(head: RayHead, timeout_s: float) -> None:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"ray start exited early:\n{tail}")
         # The raylet registers after the GCS; its port answering means the node is usable.
-        if not is_port_free(head.ports["port"]) and not is_port_free(head.ports["node-manager-port"]):
+        if not port_is_free(head.ports["port"]) and not port_is_free(head.ports["node-manager-port"]):
             return
         time.sleep(0.5)
     raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"ray head did not come up in {timeout_s:.0f}s")

@@ -9,8 +9,8 @@ from typing import Any
 from alloy.errors import AlloyError, ErrorCode
 from kernels.errors import UnknownStrategyError
 from kernels.params import scalar_points
-from kernels.registry import MethodSpec, ParamSpec
 from kernels.registry import get_method as kernel_method
+from kernels.specs import MethodSpec, ParamSpec
 
 # The HTTP ``strategy`` field takes exactly these (service spec); every method is a variant of one of them.
 FAMILIES = ("slerp", "ties", "dare", "task_arithmetic", "franken_merge")

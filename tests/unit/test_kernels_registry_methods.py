@@ -261,7 +261,7 @@ def test_every_kernel_gives_the_same_bits_whatever_the_thread_count():
 
 
 def test_required_parameters_must_be_set_for_every_model_but_the_base():
-    from kernels.registry import check_required
+    from kernels.specs import check_required
 
     ties = get_method("ties")
     check_required(ties, {}, [{}, {"weight": 1.0}, {"weight": 0.5}], base_index=0)  # the base needs no weight
