@@ -124,7 +124,9 @@ def test_a_killed_evolution_resumes_from_its_tune_checkpoint(alloy_service, engi
     assert interrupted.state.value == "RUNNING", interrupted.state
     done_before = interrupted.progress["trials"]
     assert 6 <= done_before < RESUME_CANDIDATES, "the search ended before the kill: nothing to resume"
-    assert engine.trials(job.id) and len(engine.trials(job.id)) == done_before  # recorded as they arrived
+    # Recorded as they arrived: a candidate is written before the progress counts it (evolution.tracking.RecordingSink),
+    # so a SIGKILL between the two writes leaves at most one candidate the progress has not counted yet.
+    assert done_before <= len(engine.trials(job.id)) <= done_before + 1
     engine.jobs.requeue(job.id, "driver killed mid-search (test)")
 
     result = engine.run_job(job.id)

@@ -200,7 +200,8 @@ def test_cli_create_list_rotate_revoke(tmp_path, monkeypatch, caplog):
     runner = CliRunner()
     database = Database(f"sqlite:///{tmp_path / 'var' / 'alloy.db'}")
     unupgraded = runner.invoke(cli, ["key", "list"])
-    assert unupgraded.exit_code == 1 and "alloy db upgrade" in unupgraded.output
+    # A read command never creates or migrates a database: it says in one line where to point the CLI.
+    assert unupgraded.exit_code == 1 and "run `alloy start` first" in unupgraded.output
     database.upgrade()
 
     created = runner.invoke(
