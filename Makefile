@@ -5,8 +5,12 @@ BIN := $(VENV)/bin
 # The CPU wheel on this machine kind; GPU users set TORCH_SPEC to their CUDA build (the package metadata is a range).
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# mergekit 0.1.5, the reference of the merge maths, in its own venv: the differential tests run it as a separate
+# program (the project never imports it, and never depends on it).
+MKVENV ?= .mkvenv
+MERGEKIT_SPEC ?= mergekit==0.1.5
 
-.PHONY: install run test test-unit lint zoo-sources clean
+.PHONY: install mergekit run test test-unit lint zoo-sources clean
 
 install: $(VENV)/.installed
 
@@ -19,12 +23,20 @@ $(VENV)/.installed: pyproject.toml
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
 	touch $@
 
+mergekit: $(MKVENV)/.installed
+
+$(MKVENV)/.installed:
+	$(PYTHON) -m venv $(MKVENV)
+	$(MKVENV)/bin/pip install -q --upgrade pip
+	$(MKVENV)/bin/pip install -q "$(TORCH_SPEC)" "$(MERGEKIT_SPEC)"
+	touch $@
+
 run: install
 	$(BIN)/alloy start --demo
 
 # The gates first (lint, format, types, layers), then every tier; a missing service fails instead of skipping.
-test: install lint
-	ALLOY_REQUIRE_SERVICES=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+test: install mergekit lint
+	ALLOY_REQUIRE_SERVICES=1 ALLOY_MERGEKIT_PYTHON=$(abspath $(MKVENV))/bin/python $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The pure tier: no PostgreSQL, Redis or Ray cluster needed; under a minute.
 test-unit: install
@@ -43,4 +55,4 @@ zoo-sources: install
 	apt-get update -qq && apt-get install -y -qq --no-install-recommends wordnet-base fortunes fortunes-de fortunes-es fortunes-it
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(MKVENV) var
