@@ -118,8 +118,12 @@ def settings_from_mergekit(data: dict[str, Any]) -> TokenizerSettings | None:
     template = data.get("chat_template")
     if source is not None and block is not None:
         raise _refuse("tokenizer", "give either tokenizer_source or a tokenizer: block, not both")
-    if template is not None and not isinstance(template, str):
-        raise _refuse("chat_template", "must be a template name, 'auto' or a Jinja string")
+    if template is not None:
+        if not isinstance(template, str):
+            raise _refuse("chat_template", "must be a template name, 'auto' or a Jinja string")
+        from alloy.merge.chat_templates import check_chat_template
+
+        check_chat_template(template)
     if source is None and block is None and template is None:
         return None
     fields: dict[str, Any] = {"chat_template": template or None}
@@ -169,5 +173,7 @@ def _token(setting: Any, field: str) -> TokenSetting:
         return TokenSetting.model_validate(setting)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("ModelToken", "ZeroRow", "str")))
+        where = ".".join(
+            str(p) for p in first["loc"] if "[" not in str(p) and str(p) not in ("ModelToken", "ZeroRow", "str")
+        )
         raise _refuse(f"{field}.{where}" if where else field, first["msg"]) from None
