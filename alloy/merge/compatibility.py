@@ -67,7 +67,8 @@ def check_layouts(
         if mismatch is not None:
             shapes = mismatch["shapes"]
             raise incompatible(
-                f"tensor {mismatch['tensor']!r} is {_describe(shapes[0])} in {base!r} but {_describe(shapes[1])} in {model_id!r}",
+                f"tensor {mismatch['tensor']!r} is {_describe(shapes[0])} in {base!r} but {_describe(shapes[1])} in {model_id!r}"
+                + _vocabulary_hint(recipe, mismatch["tensor"], shapes),
                 tensor=mismatch["tensor"],
                 shapes=shapes,
                 models=[base, model_id],
@@ -81,6 +82,15 @@ def _aligned_rows(recipe: MergeRecipe) -> Callable[[str], bool] | None:
     from alloy.merge.tokenizer_rows import is_vocabulary_tensor
 
     return is_vocabulary_tensor
+
+
+def _vocabulary_hint(recipe: MergeRecipe, tensor: str, shapes: list[Any]) -> str:
+    """Embeddings that differ only in rows: the vocabularies differ, which tokenizer settings align."""
+    from alloy.merge.tokenizer_rows import is_vocabulary_tensor
+
+    if not (recipe.is_mergekit and is_vocabulary_tensor(tensor) and all(shapes)) or shapes[0][1:] != shapes[1][1:]:
+        return ""
+    return " (the vocabularies differ: set tokenizer_source or a tokenizer: block to align the embedding rows)"
 
 
 def _describe(shape: list[int] | None) -> str:

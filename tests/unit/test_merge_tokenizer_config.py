@@ -74,3 +74,25 @@ def test_chat_templates_resolve_like_mergekit():
     assert resolve_chat_template("auto", [None, {"default": " T1 "}, "T2", "T1"]) == "T1"  # plurality, stripped
     assert resolve_chat_template("auto", ["T2", "T1"]) == "T2"  # a tie: the first in recipe order
     assert resolve_chat_template("auto", [None, ""]) is None
+
+
+def test_vocabulary_tensors_may_differ_in_rows_only_with_a_vocabulary_to_align_to():
+    import torch
+
+    from alloy.merge.compatibility import check_layouts
+    from alloy.merge.plan import TensorMeta
+
+    def layout(rows: int, width: int = 4):
+        return {
+            "model.embed_tokens.weight": TensorMeta((rows, width), torch.float32),
+            "model.norm.weight": TensorMeta((width,), torch.float32),
+        }
+
+    with pytest.raises(AlloyError) as info:
+        check_layouts(load_recipe_yaml(HEAD), {"a": layout(5), "b": layout(6)})
+    assert info.value.code == ErrorCode.INCOMPATIBLE_MODELS and "tokenizer_source" in info.value.message
+    aligned = load_recipe_yaml(HEAD + "tokenizer_source: union\n")
+    check_layouts(aligned, {"a": layout(5), "b": layout(6)})
+    with pytest.raises(AlloyError) as info:  # other dimensions must still match
+        check_layouts(aligned, {"a": layout(5), "b": layout(6, width=8)})
+    assert info.value.code == ErrorCode.INCOMPATIBLE_MODELS
