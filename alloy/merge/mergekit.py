@@ -86,6 +86,10 @@ def from_alloy(data: dict[str, Any]) -> MergeRecipe:
     data = dict(data)
     if "mergekit_config" in data:  # set only by the mergekit reader: it switches to mergekit's names and defaults
         raise _refuse("mergekit_config", "unknown key")
+    if "tokenizer" in data:  # mergekit's keys, in mergekit recipes only (one spelling, one parser)
+        raise _refuse(
+            "tokenizer", "tokenizer settings are mergekit recipe keys (tokenizer_source, tokenizer, chat_template)"
+        )
     # Shorthand: ``models: [a, b]``.
     data["models"] = [{"model": m} if isinstance(m, str) else m for m in data.get("models") or []]
     try:

@@ -80,9 +80,8 @@ def prepare_tokenizer(recipe: MergeRecipe, folders: Mapping[str, Path]) -> Token
         return None
     if settings.chat_template is not None:
         check_chat_template(settings.chat_template)
-    for model in settings.models_named():
-        if model not in folders and model == settings.source_model:
-            raise model_not_found(model)
+    if settings.source_model is not None and settings.source_model not in folders:
+        raise model_not_found(settings.source_model)
     base_id = tokenizer_base(recipe)
     vocabulary = rows = None
     if settings.builds_vocabulary:

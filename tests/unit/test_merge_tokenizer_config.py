@@ -96,3 +96,9 @@ def test_vocabulary_tensors_may_differ_in_rows_only_with_a_vocabulary_to_align_t
     with pytest.raises(AlloyError) as info:  # other dimensions must still match
         check_layouts(aligned, {"a": layout(5), "b": layout(6, width=8)})
     assert info.value.code == ErrorCode.INCOMPATIBLE_MODELS
+
+
+def test_alloy_recipes_take_no_tokenizer_settings():
+    with pytest.raises(AlloyError) as info:
+        load_recipe_yaml("strategy: ties\nmodels: [a, b]\ntokenizer: {source: union}\n")
+    assert info.value.details["field"] == "tokenizer"
