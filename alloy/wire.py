@@ -95,12 +95,18 @@ class ModelRegistration(BaseModel):
     model_id: ResourceId
     source: str = Field(min_length=1, description="Local folder under a configured model root, or an artifact key/URI")
     lineage: dict[str, Any] | None = None
+    kind: Literal["model", "adapter"] | None = Field(
+        None,
+        description="model, or adapter (a PEFT LoRA adapter folder: adapter_config.json + adapter_model.safetensors, "
+        "merged as 'base-id+adapter-id'); default: an adapter_config.json folder is an adapter",
+    )
 
 
 class ModelView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: str
+    kind: Literal["model", "adapter"] = "model"
     architecture: str | None = None
     model_type: str | None = None
     parameter_count: int | None = None

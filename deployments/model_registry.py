@@ -7,6 +7,7 @@ from typing import Any
 
 from ray import serve
 
+from alloy.registry.adapters import input_manifest
 from deployments.runtime import open_services
 
 
@@ -16,8 +17,10 @@ class ModelRegistryDeployment:
         self.args, self.services = open_services(args)
         self.registry = self.services.models
 
-    def register(self, model_id: str, source: str, owner: str | None = None, lineage: dict | None = None):
-        return self.registry.register(model_id, source, owner=owner, lineage=lineage)
+    def register(
+        self, model_id: str, source: str, owner: str | None = None, lineage: dict | None = None, kind: str | None = None
+    ):
+        return self.registry.register(model_id, source, owner=owner, lineage=lineage, kind=kind)
 
     def get(self, model_id: str):
         return self.registry.get(model_id)
@@ -32,8 +35,9 @@ class ModelRegistryDeployment:
         self.registry.delete(model_id)
 
     def manifests(self, model_ids: builtins.list[str]) -> dict[str, Any]:
-        """Manifests of several models in one call (merge validation); an unknown id raises MODEL_NOT_FOUND."""
-        return {model_id: self.registry.manifest(model_id) for model_id in model_ids}
+        """Manifests of several merge inputs in one call (merge validation); an unknown id raises MODEL_NOT_FOUND,
+        a ``base-id+adapter-id`` input is the base's manifest once the adapter fits it."""
+        return {model_id: input_manifest(self.registry.manifest, model_id) for model_id in model_ids}
 
     def health(self) -> dict[str, Any]:
         self.registry.list(offset=0, limit=1)

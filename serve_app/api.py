@@ -185,6 +185,7 @@ async def register_model(body: s.ModelRegistration, request: Request) -> s.Model
         body.source,
         _owner(request),
         body.lineage,
+        body.kind,
         timeout_s=600,
     )
     return s.ModelView.model_validate(_dump(record))

@@ -76,7 +76,8 @@ def merge(
         recipe = load_recipe_yaml(recipe_file.read_text())
         if seed is not None:
             recipe = recipe.model_copy(update={"seed": seed})
-        sources = {m: resolve_source(m, recipe_file.parent) for m in recipe.model_ids}
+        named = recipe.model_ids + (recipe.tokenizer.models_named() if recipe.tokenizer else [])
+        sources = {m: resolve_source(m, recipe_file.parent) for m in dict.fromkeys(named)}
         bar = None if quiet else tqdm(total=0, unit="B", unit_scale=True, desc="merging", file=sys.stderr)
 
         def report(progress) -> None:

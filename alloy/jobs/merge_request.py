@@ -18,6 +18,7 @@ from alloy.jobs.store import JobKind, JobStore
 from alloy.merge.executor import check_compatibility
 from alloy.merge.recipe import MergeRecipe, validate_recipe
 from alloy.model_manifest import ModelManifest
+from alloy.registry.adapters import input_manifest
 from alloy.registry.models import ModelRegistry
 from kernels.registry import METHODS
 
@@ -113,7 +114,7 @@ def validate_merge_request(
     taken = models.exists(request.output_model_id) or (
         jobs is not None and request.output_model_id in active_merge_outputs(jobs)
     )
-    manifests = {model_id: models.manifest(model_id) for model_id in recipe.model_ids}
+    manifests = {model_id: input_manifest(models.manifest, model_id) for model_id in recipe.model_ids}
     check_merge_inputs(request, recipe, output_taken=taken, manifests=manifests)
     return recipe
 

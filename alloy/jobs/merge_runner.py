@@ -22,7 +22,9 @@ from alloy.jobs.merge_request import MergeRequest
 from alloy.jobs.skeleton import JobInterrupted, JobRun, JobRunner
 from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
 from alloy.merge.executor import MergeProgress, MergeResult, check_compatibility, execute_merge
+from alloy.merge.lora import LoraSource
 from alloy.merge.recipe import MergeRecipe
+from alloy.registry.adapters import input_manifest, input_source
 from alloy.registry.models import ModelRegistry
 from alloy.storage.model_cache import CachedModel, ModelCache
 
@@ -103,7 +105,7 @@ class MergeJobRunner:
         shutil.rmtree(out_dir, ignore_errors=True)
         return {"model_id": record.id, "evaluation": evaluation, **_summary(result)}
 
-    def _prepare(self, request: MergeRequest) -> tuple[MergeRecipe, dict[str, Path]]:
+    def _prepare(self, request: MergeRequest) -> tuple[MergeRecipe, dict[str, Path | LoraSource]]:
         recipe = request.recipe()
         if self.models.exists(request.output_model_id):
             raise AlloyError(
@@ -111,11 +113,21 @@ class MergeJobRunner:
                 f"model {request.output_model_id!r} already exists",
                 {"model_id": request.output_model_id},
             )
-        resolved = {model_id: self.cache.get(model_id) for model_id in recipe.model_ids}
-        check_compatibility(recipe, {model_id: entry.manifest for model_id, entry in resolved.items()})
-        return recipe, {model_id: entry.local_dir for model_id, entry in resolved.items()}
+        # a ``base-id+adapter-id`` input: the base and the adapter resolved (and cached) one by one
+        entries: dict[str, CachedModel] = {}
 
-    def _merge(self, run: JobRun, recipe: MergeRecipe, sources: dict[str, Path], out_dir: Path) -> MergeResult:
+        def entry(model_id: str) -> CachedModel:
+            if model_id not in entries:
+                entries[model_id] = self.cache.get(model_id)
+            return entries[model_id]
+
+        manifests = {m: input_manifest(lambda i: entry(i).manifest, m) for m in recipe.model_ids}
+        check_compatibility(recipe, manifests)
+        return recipe, {m: input_source(m, lambda i: entry(i).local_dir) for m in recipe.model_ids}
+
+    def _merge(
+        self, run: JobRun, recipe: MergeRecipe, sources: dict[str, Path | LoraSource], out_dir: Path
+    ) -> MergeResult:
         run.transition(JobState.RUNNING, progress={"stage": "merging"})
         reporter = ProgressReporter(self.jobs, run.job_id)
         kwargs: dict[str, Any] = {"device": self.device, "progress": reporter, "cancel": run.cancel}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found
@@ -14,11 +14,15 @@ def incompatible(message: str, **details: Any) -> AlloyError:
     return AlloyError(ErrorCode.INCOMPATIBLE_MODELS, message, details)
 
 
-def first_layout_mismatch(reference: Layout, other: Layout) -> dict[str, Any] | None:
-    """The first tensor (by name) missing from one layout or shaped differently, with both shapes."""
+def first_layout_mismatch(
+    reference: Layout, other: Layout, free_rows: Callable[[str], bool] | None = None
+) -> dict[str, Any] | None:
+    """The first tensor (by name) missing from one layout or shaped differently, with both shapes; the rows of
+    tensors ``free_rows`` names (vocabulary tensors that are aligned) are not compared."""
     for name in sorted(set(reference) | set(other)):
         mine, theirs = reference.get(name), other.get(name)
-        if mine is None or theirs is None or mine.shape != theirs.shape:
+        skip = 1 if free_rows is not None and free_rows(name) else 0
+        if mine is None or theirs is None or mine.shape[skip:] != theirs.shape[skip:]:
             return {
                 "tensor": name,
                 "shapes": [list(mine.shape) if mine else None, list(theirs.shape) if theirs else None],
@@ -59,15 +63,34 @@ def check_layouts(
                     hidden_sizes=[sizes.get(base), sizes.get(model_id)],
                 )
             continue
-        mismatch = first_layout_mismatch(layouts[base], layouts[model_id])
+        mismatch = first_layout_mismatch(layouts[base], layouts[model_id], _aligned_rows(recipe))
         if mismatch is not None:
             shapes = mismatch["shapes"]
             raise incompatible(
-                f"tensor {mismatch['tensor']!r} is {_describe(shapes[0])} in {base!r} but {_describe(shapes[1])} in {model_id!r}",
+                f"tensor {mismatch['tensor']!r} is {_describe(shapes[0])} in {base!r} but {_describe(shapes[1])} in {model_id!r}"
+                + _vocabulary_hint(recipe, mismatch["tensor"], shapes),
                 tensor=mismatch["tensor"],
                 shapes=shapes,
                 models=[base, model_id],
             )
+
+
+def _aligned_rows(recipe: MergeRecipe) -> Callable[[str], bool] | None:
+    """Vocabulary tensors may differ in rows when the recipe builds an output vocabulary (they are aligned)."""
+    if recipe.tokenizer is None or not recipe.tokenizer.builds_vocabulary:
+        return None
+    from alloy.merge.tokenizer_rows import is_vocabulary_tensor
+
+    return is_vocabulary_tensor
+
+
+def _vocabulary_hint(recipe: MergeRecipe, tensor: str, shapes: list[Any]) -> str:
+    """Embeddings that differ only in rows: the vocabularies differ, which tokenizer settings align."""
+    from alloy.merge.tokenizer_rows import is_vocabulary_tensor
+
+    if not (recipe.is_mergekit and is_vocabulary_tensor(tensor) and all(shapes)) or shapes[0][1:] != shapes[1][1:]:
+        return ""
+    return " (the vocabularies differ: set tokenizer_source or a tokenizer: block to align the embedding rows)"
 
 
 def _describe(shape: list[int] | None) -> str:

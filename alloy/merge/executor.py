@@ -27,6 +27,8 @@ from alloy.merge.plan import MergePlan, TensorTask, build_plan, layout_from_mani
 from alloy.merge.recipe import MergeRecipe, validate_recipe
 from alloy.merge.tensor_io import PlannedTensor, ShardedWriter
 from alloy.merge.tensor_merge import compute_tensor
+from alloy.merge.tokenizer_merge import prepare_tokenizer
+from alloy.merge.tokenizer_rows import RowPlanner
 from alloy.model_manifest import ModelManifest, read_manifest
 
 __all__ = [
@@ -90,11 +92,12 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def prepare(recipe: MergeRecipe, manifests: Mapping[str, ModelManifest]) -> MergePlan:
-    """Validate the recipe, check compatibility from the manifests and plan the output tensors."""
+def prepare(recipe: MergeRecipe, manifests: Mapping[str, ModelManifest], rows: RowPlanner | None = None) -> MergePlan:
+    """Validate the recipe, check compatibility from the manifests and plan the output tensors (``rows``: the
+    embedding rows' alignment to an output vocabulary)."""
     recipe = validate_recipe(recipe)
     check_compatibility(recipe, manifests)
-    return build_plan(recipe, {m: layout_from_manifest(manifests[m]) for m in recipe.model_ids})
+    return build_plan(recipe, {m: layout_from_manifest(manifests[m]) for m in recipe.model_ids}, rows)
 
 
 def execute_merge(
@@ -121,7 +124,8 @@ def execute_merge(
         if model_id not in sources:
             raise model_not_found(model_id)
     manifests = {m: read_manifest(model_folder(sources[m])) for m in recipe.model_ids}
-    plan = prepare(recipe, manifests)
+    tokenizer = prepare_tokenizer(recipe, {m: model_folder(source) for m, source in sources.items()})
+    plan = prepare(recipe, manifests, tokenizer.rows if tokenizer else None)
 
     readers = open_readers(list(plan.model_ids), sources, manifests)  # adapters are checked here, before any write
     staging = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:12]}"
@@ -151,8 +155,10 @@ def execute_merge(
         finally:
             writer.close()
         base_dir = model_folder(sources[plan.base_id])
-        write_config(plan, base_dir, staging)
-        copy_base_files(base_dir, staging)
+        write_config(plan, base_dir, staging, tokenizer)
+        copy_base_files(base_dir, staging, with_tokenizer=tokenizer is None)
+        if tokenizer is not None:
+            tokenizer.write(staging)
         write_model_card(plan, staging)
         write_recipe_files(plan, staging)
         if out_dir.exists():
@@ -262,6 +268,12 @@ def merge_state_dicts(
     same recipe and seed. Inputs are not modified."""
     device = resolve_device(device)
     recipe = validate_recipe(recipe)
+    if recipe.tokenizer is not None and recipe.tokenizer.builds_vocabulary:
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED,
+            "tokenizer merging reads the models' tokenizer files: merge folders (execute_merge), not state dicts",
+            {"field": "tokenizer"},
+        )
     for model_id in recipe.model_ids:
         if model_id not in state_dicts:
             raise model_not_found(model_id)

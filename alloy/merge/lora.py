@@ -8,7 +8,9 @@ The adapter folder holds ``adapter_config.json`` and ``adapter_model.safetensors
 (``adapter_model.bin``) are refused, never loaded. Adapter tensors are named ``base_model.model.<module>.lora_A.weight``
 and ``....lora_B.weight``; ``<module>.weight`` is the base tensor they change. Anything the adapter holds besides
 LoRA pairs of linear layers (DoRA magnitudes, embedding LoRAs, ``modules_to_save`` copies, per-module rank or alpha
-patterns) is refused by name rather than half-applied. Every check runs before the merge writes anything.
+patterns) is refused by name rather than half-applied (VALIDATION_FAILED); an adapter whose targets the base lacks or
+whose ``B @ A`` is not shaped like its base tensor is INCOMPATIBLE_MODELS. Every check runs before the merge writes
+anything; the same checks serve a registered adapter (:mod:`alloy.registry.adapters`) at submit time.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.merge.tensor_io import TORCH_DTYPES, SafetensorsReader, StoredTensor
+from alloy.merge.tensor_io import TORCH_DTYPES, SafetensorsReader
 from alloy.model_manifest import ModelManifest, read_safetensors_header
 
 SEPARATOR = "+"  # mergekit's ``model+adapter`` spelling
@@ -127,7 +129,8 @@ def read_adapter_config(folder: Path, reference: str) -> AdapterConfig:
     return config
 
 
-def _weights_file(folder: Path, reference: str) -> Path:
+def weights_file(folder: Path, reference: str) -> Path:
+    """The adapter's safetensors file; a pickled one is refused by name, never opened."""
     path = folder / WEIGHTS_FILE
     if path.is_file():
         return path
@@ -141,13 +144,15 @@ def _weights_file(folder: Path, reference: str) -> Path:
     raise _refuse(reference, f"{WEIGHTS_FILE} is missing", file=WEIGHTS_FILE)
 
 
-@dataclass(frozen=True)
-class LoraPair:
-    a: StoredTensor  # [r, in]
-    b: StoredTensor  # [out, r]
+def _incompatible(reference: str, message: str, **details: Any) -> AlloyError:
+    return AlloyError(
+        ErrorCode.INCOMPATIBLE_MODELS,
+        f"adapter of {reference!r}: {message}",
+        {"field": "model", "model": reference, **details},
+    )
 
 
-def _pairs(header: dict[str, Any], reference: str) -> dict[str, tuple[str, str]]:
+def _pairs(header: Mapping[str, Any], reference: str) -> dict[str, tuple[str, str]]:
     """Base tensor name -> (lora_A name, lora_B name); refuses tensors that are not halves of a LoRA pair."""
     halves: dict[str, dict[str, str]] = {}
     for name in header:
@@ -170,6 +175,52 @@ def _pairs(header: dict[str, Any], reference: str) -> dict[str, tuple[str, str]]
     return out
 
 
+def adapter_pairs(header: Mapping[str, Any], config: AdapterConfig, reference: str) -> dict[str, tuple[str, str]]:
+    """The adapter's LoRA pairs (base tensor name -> (lora_A, lora_B) names) from its safetensors header
+    (name -> ``{shape, dtype}``), checked on their own: float weights, ``[r, in]`` and ``[out, r]`` (VALIDATION_FAILED)."""
+    pairs = _pairs(header, reference)
+    if not pairs:
+        raise _refuse(reference, f"{WEIGHTS_FILE} holds no LoRA weights", file=WEIGHTS_FILE)
+    for target, (a, b) in pairs.items():
+        for half in (header[a], header[b]):
+            if TORCH_DTYPES.get(half["dtype"]) not in FLOAT_DTYPES:
+                raise _refuse(
+                    reference, f"{target}: LoRA weights must be floating point, got {half['dtype']}", tensor=target
+                )
+        a_shape, b_shape = list(header[a]["shape"]), list(header[b]["shape"])
+        if len(a_shape) != 2 or len(b_shape) != 2 or a_shape[0] != config.r or b_shape[1] != config.r:
+            raise _refuse(
+                reference,
+                f"{target}: lora_A {a_shape} and lora_B {b_shape} are not [r, in] and [out, r] with r = {config.r}",
+                tensor=target,
+            )
+    return pairs
+
+
+def check_adapter_fits(
+    pairs: Mapping[str, tuple[str, str]],
+    header: Mapping[str, Any],
+    config: AdapterConfig,
+    base_shapes: Mapping[str, list[int]],
+    reference: str,
+) -> None:
+    """INCOMPATIBLE_MODELS unless every targeted base tensor exists and is shaped like ``B @ A``."""
+    for target, (a, b) in pairs.items():
+        shape = base_shapes.get(target)
+        if shape is None:
+            raise _incompatible(reference, f"targets {target!r}, which the base model does not have", tensor=target)
+        delta = [header[b]["shape"][0], header[a]["shape"][1]]
+        if config.fan_in_fan_out:
+            delta = delta[::-1]
+        if list(shape) != delta:
+            raise _incompatible(
+                reference,
+                f"{target}: B @ A is {delta} but the base tensor is {list(shape)}",
+                tensor=target,
+                shapes=[list(shape), delta],
+            )
+
+
 class LoraReader:
     """The base model's tensors as the merge reads them, each targeted one with the adapter's delta added (in
     float32, then back to the stored dtype, as peft merges into the model's own dtype). Same interface as
@@ -179,43 +230,13 @@ class LoraReader:
         self.base = base
         self.tensors = base.tensors
         self.config = read_adapter_config(adapter_dir, reference)
-        weights = _weights_file(adapter_dir, reference)
+        weights = weights_file(adapter_dir, reference)
         header = read_safetensors_header(weights)
+        self.names = adapter_pairs(header, self.config, reference)
+        check_adapter_fits(
+            self.names, header, self.config, {n: t.shape for n, t in manifest.tensors.items()}, reference
+        )
         self._adapter = SafetensorsReader.from_files([weights])
-        try:
-            self.names = _pairs(header, reference)
-            if not self.names:
-                raise _refuse(reference, f"{WEIGHTS_FILE} holds no LoRA weights", file=WEIGHTS_FILE)
-            for target, (a, b) in self.names.items():
-                self._check(target, LoraPair(self._adapter.tensors[a], self._adapter.tensors[b]), manifest, reference)
-        except BaseException:
-            self._adapter.close()
-            raise
-
-    def _check(self, target: str, pair: LoraPair, manifest: ModelManifest, reference: str) -> None:
-        info = manifest.tensors.get(target)
-        if info is None:
-            raise _refuse(reference, f"targets {target!r}, which the base model does not have", tensor=target)
-        for half in (pair.a, pair.b):
-            if TORCH_DTYPES.get(half.dtype) not in FLOAT_DTYPES:
-                raise _refuse(
-                    reference, f"{target}: LoRA weights must be floating point, got {half.dtype}", tensor=target
-                )
-        rank = self.config.r
-        if len(pair.a.shape) != 2 or len(pair.b.shape) != 2 or pair.a.shape[0] != rank or pair.b.shape[1] != rank:
-            raise _refuse(
-                reference,
-                f"{target}: lora_A {list(pair.a.shape)} and lora_B {list(pair.b.shape)} "
-                f"are not [r, in] and [out, r] with r = {rank}",
-                tensor=target,
-            )
-        delta = (pair.b.shape[0], pair.a.shape[1])
-        if self.config.fan_in_fan_out:
-            delta = delta[::-1]
-        if tuple(info.shape) != delta:
-            raise _refuse(
-                reference, f"{target}: B @ A is {list(delta)} but the base tensor is {info.shape}", tensor=target
-            )
 
     def read(self, name: str) -> torch.Tensor:
         weight = self.base.read(name)

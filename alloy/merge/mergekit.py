@@ -14,8 +14,8 @@ models / slices        ``models`` / output ``slices`` (several slices, each with
 parameters             global parameters (slice source > output slice > model > global)
 dtype                  ``compute_dtype``; also the output dtype unless ``out_dtype`` is set
 out_dtype              ``dtype`` (the output dtype)
-tokenizer_source,      refused for now (the output takes the base model's tokenizer files)
-tokenizer, chat_template
+tokenizer_source,      the output vocabulary, embedding rows aligned to it, the chat template
+tokenizer, chat_template  (:mod:`alloy.merge.tokenizer_config`; mergekit's alpaca/exaone templates refused)
 ``model+adapter``      a PEFT LoRA adapter folded into the model as it is read (:mod:`alloy.merge.lora`)
 modules,               refused
 residual_weight
@@ -34,6 +34,7 @@ from alloy.errors import AlloyError, ErrorCode
 from alloy.merge.lora import split_reference
 from alloy.merge.methods import get_method
 from alloy.merge.recipe import MergeRecipe, recipe_validation_error
+from alloy.merge.tokenizer_config import settings_from_mergekit
 
 DTYPE_ALIASES = {
     "float32": "float32",
@@ -45,14 +46,12 @@ DTYPE_ALIASES = {
     "bf16": "bfloat16",
 }
 TOP_LEVEL_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype"}
+TOKENIZER_KEYS = {"tokenizer_source", "tokenizer", "chat_template"}
 MODEL_KEYS = {"model", "parameters"}
 SLICE_KEYS = {"sources", "base_model", "parameters"}
 SOURCE_KEYS = {"model", "layer_range", "parameters"}
 # Keys mergekit reads that Alloy does not implement yet: refused by name rather than ignored.
 NOT_SUPPORTED = {
-    "tokenizer_source": "tokenizer merging is not supported; the output takes the base model's tokenizer files",
-    "tokenizer": "tokenizer merging is not supported; the output takes the base model's tokenizer files",
-    "chat_template": "chat templates are not supported; the output takes the base model's tokenizer files",
     "modules": "per-module recipes (modules:) are not supported; use slices",
     "residual_weight": "residual_weight is not supported (mergekit 0.1.5 does not use it either)",
 }
@@ -87,6 +86,10 @@ def from_alloy(data: dict[str, Any]) -> MergeRecipe:
     data = dict(data)
     if "mergekit_config" in data:  # set only by the mergekit reader: it switches to mergekit's names and defaults
         raise _refuse("mergekit_config", "unknown key")
+    if "tokenizer" in data:  # mergekit's keys, in mergekit recipes only (one spelling, one parser)
+        raise _refuse(
+            "tokenizer", "tokenizer settings are mergekit recipe keys (tokenizer_source, tokenizer, chat_template)"
+        )
     # Shorthand: ``models: [a, b]``.
     data["models"] = [{"model": m} if isinstance(m, str) else m for m in data.get("models") or []]
     try:
@@ -112,7 +115,7 @@ def _check_keys(entry: Any, allowed: set[str], field: str) -> dict[str, Any]:
 
 
 def from_mergekit(data: dict[str, Any], text: str | None = None) -> MergeRecipe:
-    _check_keys(data, TOP_LEVEL_KEYS, "")
+    _check_keys(data, TOP_LEVEL_KEYS | TOKENIZER_KEYS, "")
     method = get_method(str(data["merge_method"]))
     if bool(data.get("models")) == bool(data.get("slices")):
         raise _refuse("models", "exactly one of 'models' or 'slices' must be given")
@@ -135,6 +138,7 @@ def from_mergekit(data: dict[str, Any], text: str | None = None) -> MergeRecipe:
             slices=slices,
             dtype=_dtype(data.get("out_dtype"), "out_dtype") or compute,
             compute_dtype=compute,
+            tokenizer=settings_from_mergekit(data),
             mergekit_config=text if text is not None else yaml.safe_dump(data, sort_keys=False),
         )
     except ValueError as exc:

@@ -1,5 +1,5 @@
-"""Everything in the merged folder besides the weights: config, tokenizer and generation files from the base,
-and a model card that records the recipe."""
+"""Everything in the merged folder besides the weights: config, tokenizer and generation files from the base (or
+the tokenizer the merge built, :mod:`alloy.merge.tokenizer_merge`), and a model card that records the recipe."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from alloy.merge.plan import MergePlan, output_config
+from alloy.merge.tokenizer_merge import TOKENIZER_FILES, TokenizerWork
 
 # Files copied verbatim from the base model (tokenizer and generation settings).
 BASE_FILE_PATTERNS = (
@@ -26,16 +27,23 @@ BASE_FILE_PATTERNS = (
 )
 
 
-def write_config(plan: MergePlan, base_dir: Path, out_dir: Path) -> dict[str, Any]:
+def write_config(
+    plan: MergePlan, base_dir: Path, out_dir: Path, tokenizer: TokenizerWork | None = None
+) -> dict[str, Any]:
     base_config = json.loads((base_dir / "config.json").read_text())
     config = output_config(plan, base_config)
+    if tokenizer is not None:
+        config = tokenizer.config(config)  # vocab_size: the output vocabulary's rows
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config
 
 
-def copy_base_files(base_dir: Path, out_dir: Path) -> list[str]:
+def copy_base_files(base_dir: Path, out_dir: Path, *, with_tokenizer: bool = True) -> list[str]:
+    """The base's tokenizer and generation files; ``with_tokenizer=False``: not its tokenizer files (the merge
+    writes its own tokenizer)."""
     copied = []
-    for pattern in BASE_FILE_PATTERNS:
+    patterns = BASE_FILE_PATTERNS if with_tokenizer else [p for p in BASE_FILE_PATTERNS if p not in TOKENIZER_FILES]
+    for pattern in patterns:
         for path in sorted(base_dir.glob(pattern)):
             if path.is_file() and not (out_dir / path.name).exists():
                 shutil.copy2(path, out_dir / path.name)

@@ -24,6 +24,7 @@ from alloy.merge.recipe import MergeRecipe, OutputSlice, SliceSource
 from alloy.merge.recipe_checks import models_base, slice_base
 from kernels.franken import is_embedding, renumber
 from kernels.params import layer_index
+from kernels.vocabulary import VocabularyAlignment
 
 OUTPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -56,6 +57,7 @@ class TensorTask:
     input_bytes: int  # float32 bytes of the inputs and result: what the scheduler budgets
     slice_index: int = 0  # the output slice whose parameters apply
     base_index: int | None = None  # position of the slice's base among ``sources``
+    vocabulary: VocabularyAlignment | None = None  # embedding rows aligned to the output vocabulary first
 
 
 @dataclass(frozen=True)
@@ -138,16 +140,17 @@ def concrete_slices(
     return tuple(piece.model_copy(update={"base_model": slice_base(recipe, piece)}) for piece in recipe.slices)
 
 
-def build_plan(recipe: MergeRecipe, layouts: Mapping[str, Layout]) -> MergePlan:
+def build_plan(recipe: MergeRecipe, layouts: Mapping[str, Layout], rows: Any = None) -> MergePlan:
     """``recipe`` must already have passed :func:`alloy.merge.recipe.validate_recipe` and the layouts
-    :func:`alloy.merge.compatibility.check_layouts`."""
+    :func:`alloy.merge.compatibility.check_layouts`. ``rows``: the
+    :class:`alloy.merge.tokenizer_rows.RowPlanner` of a merge that builds an output vocabulary."""
     method = get_method(recipe.variant or recipe.strategy)
     output_dtype = OUTPUT_DTYPES[recipe.dtype] if recipe.dtype else None
     compute_dtype = OUTPUT_DTYPES[recipe.compute_dtype] if recipe.compute_dtype else None
     counts = {m: count_layers(layout) for m, layout in layouts.items()}
     stacks = {m: stack_sizes(layout) for m, layout in layouts.items()}
     slices = concrete_slices(recipe, counts, stacks)
-    builder = _TaskBuilder(layouts, output_dtype or compute_dtype, uses_base(method))
+    builder = _TaskBuilder(layouts, output_dtype or compute_dtype, uses_base(method), rows)
     base_id = recipe.base if recipe.base in layouts else recipe.model_ids[0]
     origins: list[int] = []
     if slices and not recipe.slices:
@@ -192,8 +195,9 @@ def _reference(piece: OutputSlice) -> SliceSource:
 
 
 class _TaskBuilder:
-    def __init__(self, layouts: Mapping[str, Layout], output_dtype: torch.dtype | None, with_base: bool):
+    def __init__(self, layouts: Mapping[str, Layout], output_dtype: torch.dtype | None, with_base: bool, rows=None):
         self.layouts = layouts
+        self.rows = rows
         self.with_base = with_base  # False: the method ignores the base (linear, karcher, passthrough)
         self.output_dtype = output_dtype
         self.tasks: list[TensorTask] = []
@@ -239,9 +243,11 @@ class _TaskBuilder:
         ref_model, ref_name = sources[reference]
         ref_meta = self.layouts[ref_model].get(ref_name)
         metas = []
+        vocabulary = self.rows is not None and self.rows.covers(output_name)
+        free = 1 if vocabulary else 0  # rows of a vocabulary tensor are aligned, not compared
         for model, name in sources:
             meta = self.layouts[model].get(name)
-            if meta is None or ref_meta is None or meta.shape != ref_meta.shape:
+            if meta is None or ref_meta is None or meta.shape[free:] != ref_meta.shape[free:]:
                 shapes = [list(ref_meta.shape) if ref_meta else None, list(meta.shape) if meta else None]
                 raise AlloyError(
                     ErrorCode.INCOMPATIBLE_MODELS,
@@ -252,6 +258,10 @@ class _TaskBuilder:
             metas.append(meta)
         meta = metas[reference]
         floating = meta.dtype.is_floating_point
+        alignment = None
+        if vocabulary and floating:
+            alignment = self.rows.alignment(models, piece.base_model, {m: x.shape[0] for m, x in zip(models, metas)})
+            meta = TensorMeta((self.rows.rows, *meta.shape[1:]), meta.dtype)
         self.tasks.append(
             TensorTask(
                 output_name=output_name,
@@ -264,6 +274,7 @@ class _TaskBuilder:
                 input_bytes=meta.numel * 4 * (len(sources) + 1 if floating else 1),
                 slice_index=slice_index,
                 base_index=base_index if floating else None,
+                vocabulary=alignment,
             )
         )
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alloy.errors import AlloyError, ErrorCode
+from alloy.merge.tokenizer_config import TokenizerSettings
 from kernels.errors import InvalidParameterError
 
 OutputDtype = Literal["float32", "float16", "bfloat16"]
@@ -104,6 +105,7 @@ class MergeRecipe(BaseModel):
     dtype: OutputDtype | None = None  # output dtype
     compute_dtype: OutputDtype | None = None  # inputs are cast to it and the result rounded to it (mergekit dtype)
     seed: int = 0
+    tokenizer: TokenizerSettings | None = None  # mergekit's tokenizer_source / tokenizer: / chat_template
     # The original mergekit YAML, kept for the merged folder; set only for recipes read from mergekit format, whose
     # parameter names and defaults are mergekit's (no Alloy spellings, no Alloy defaults).
     mergekit_config: str | None = None

@@ -22,6 +22,7 @@ from alloy.merge.plan import OUTPUT_DTYPES, MergePlan, TensorTask
 from alloy.merge.recipe import parameter_error
 from kernels.errors import InvalidParameterError, KernelError
 from kernels.params import resolve_value
+from kernels.vocabulary import align_vocabulary
 
 
 def tensor_seed(seed: int, tensor_name: str) -> int:
@@ -90,6 +91,8 @@ def compute_tensor(
     compute_dtype = OUTPUT_DTYPES.get(plan.recipe.compute_dtype or "")
     if compute_dtype is not None:
         inputs = [t.to(compute_dtype) for t in inputs]
+    if task.vocabulary is not None:  # rows in output-vocabulary order, as the method must see them
+        inputs = align_vocabulary(inputs, task.vocabulary)
     on_device = [t.to(device) for t in inputs] if device != "cpu" else inputs
     try:
         out = plan.method.kernel(on_device, task.base_index, shared, per_input, generator, owned=owned)

@@ -9,13 +9,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
 from alloy.ids import confined_path
-from alloy.model_manifest import PICKLE_SUFFIXES, ModelManifest, read_manifest
+from alloy.model_manifest import PICKLE_SUFFIXES, ModelManifest
+from alloy.registry.adapters import ADAPTER_MODEL_TYPE, Kind, read_entry_manifest
 from alloy.registry.ids import check_id, namespace_clashes
 from alloy.storage.artifact_catalog import ArtifactCatalog
 from alloy.storage.artifacts import ArtifactStore
@@ -53,6 +54,12 @@ class ModelRecord(BaseModel):
     @classmethod
     def from_row(cls, row: ModelRow) -> ModelRecord:
         return cls.model_validate(row, from_attributes=True)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def kind(self) -> Kind:
+        """``adapter`` for a PEFT LoRA adapter (merged as ``base-id+adapter-id``), else ``model``."""
+        return "adapter" if self.model_type == ADAPTER_MODEL_TYPE else "model"
 
 
 def files_to_copy(model_dir: Path) -> list[str]:
@@ -94,20 +101,22 @@ class ModelRegistry:
         owner: str | None = None,
         lineage: dict[str, Any] | None = None,
         copy_into_store: bool = True,
+        kind: Kind | None = None,
     ) -> ModelRecord:
         """Register a folder (inside the model roots or the data dir) or an artifact folder (URI or key of this
         store). A local folder is copied into the store under ``models/<id>/`` unless ``copy_into_store`` is
-        False, in which case the registry points at it in place."""
+        False, in which case the registry points at it in place. ``kind``: ``model`` or ``adapter`` (a PEFT LoRA
+        adapter, :mod:`alloy.registry.adapters`); None: an ``adapter_config.json`` folder is an adapter."""
         check_id("model", model_id)
         self._refuse_taken(model_id)
         artifact_key = self._artifact_key(source)
         source_path: Path | None = None
         if artifact_key is not None:
-            manifest = read_manifest(self._fetch_artifact(model_id, artifact_key))
+            manifest = read_entry_manifest(self._fetch_artifact(model_id, artifact_key), model_id, kind)
             prefix = artifact_key
         else:
             source_path = self._confined_local(source)
-            manifest = read_manifest(source_path)  # refuses pickle-only folders: "safetensors only"
+            manifest = read_entry_manifest(source_path, model_id, kind)  # refuses pickles: "safetensors only"
             prefix = None
             if copy_into_store:
                 prefix = f"{MODELS_PREFIX}/{model_id}"

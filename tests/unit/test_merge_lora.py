@@ -110,11 +110,11 @@ def test_merged_result_is_base_plus_scaled_b_at_a(pair, tmp_path, rslora, fan_in
     torch.testing.assert_close(merged[untouched], 0.5 * (w[untouched] + o[untouched]), rtol=1e-6, atol=1e-6)
 
 
-def refusal(pair, tmp_path, adapter: Path) -> AlloyError:
+def refusal(pair, tmp_path, adapter: Path, code: ErrorCode = ErrorCode.VALIDATION_FAILED) -> AlloyError:
     base, other = pair
     with pytest.raises(AlloyError) as info:
         merge(base, other, adapter, tmp_path / "out")
-    assert info.value.code == ErrorCode.VALIDATION_FAILED
+    assert info.value.code == code
     assert not (tmp_path / "out").exists()
     assert not any(p.name.startswith(".out.staging") for p in tmp_path.iterdir())  # nothing half-written
     assert str(tmp_path) not in info.value.message  # no server path in a client error
@@ -146,7 +146,7 @@ def test_shape_mismatch_is_refused_naming_the_tensor(pair, tmp_path):
     name = f"base_model.model.{TARGETS[1]}.lora_B.weight"
     tensors[name] = tensors[name][:-1]  # one output row short of the base tensor
     save_file(tensors, str(adapter / "adapter_model.safetensors"))
-    error = refusal(pair, tmp_path, adapter)
+    error = refusal(pair, tmp_path, adapter, ErrorCode.INCOMPATIBLE_MODELS)  # the adapter does not fit this base
     assert error.details["tensor"] == f"{TARGETS[1]}.weight"
 
 
@@ -174,7 +174,8 @@ def test_target_the_base_lacks_and_unsupported_settings_are_refused(pair, tmp_pa
     tensors = load_file(adapter / "adapter_model.safetensors")
     tensors = {k.replace("layers.1.", "layers.7."): v for k, v in tensors.items()}
     save_file(tensors, str(adapter / "adapter_model.safetensors"))
-    assert refusal(pair, tmp_path, adapter).details["tensor"] == f"{TARGETS[1].replace('1', '7')}.weight"
+    refused = refusal(pair, tmp_path, adapter, ErrorCode.INCOMPATIBLE_MODELS)
+    assert refused.details["tensor"] == f"{TARGETS[1].replace('1', '7')}.weight"
     dora = tmp_path / "dora"
     write_adapter(dora, weights(pair[0]), use_dora=True)
     assert "use_dora" in refusal(pair, tmp_path, dora).message

@@ -353,9 +353,8 @@ parameters: {t: 0.5}
     "text, field",
     [
         ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nname: x\n", "name"),
-        ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer_source: base\n", "tokenizer_source"),
-        ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer: {source: union}\n", "tokenizer"),
-        ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nchat_template: chatml\n", "chat_template"),
+        ("merge_method: linear\nmodels: [{model: a}, {model: b}]\ntokenizer: {source: union, x: 1}\n", "tokenizer.x"),
+        ("merge_method: linear\nmodels: [{model: a}, {model: b}]\nchat_template: alpaca\n", "chat_template"),
         ("merge_method: linear\nmodels: [{model: a, weight: 1}, {model: b}]\n", "models.0.weight"),
         ("merge_method: linear\nmodels: [{model: a+lora+more}, {model: b}]\n", "models.0.model"),  # one adapter at most
         (
