@@ -60,7 +60,7 @@ async function jobsView() {
     }
     return row;
   });
-  show(h("h2", {}, "Jobs"), h("p", {}, h("a", { href: "#/merge" }, "Start a merge")),
+  show(h("h2", {}, "Jobs"), h("p", {}, h("a", { href: "#/merge" }, "Start a merge"), " · ", h("a", { href: "#/evolve" }, "Start an evolution")),
        h("table", { id: "jobs" }, h("tr", {}, ["Job", "Kind", "State", "Progress", "", "Created"].map((t) => h("th", {}, t))),
          rows.length ? rows : h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No jobs yet."))));
 }
@@ -125,15 +125,59 @@ async function evolutionView(jobId) {
         h("td", {}, fmt((t.metrics || {}).fitness)), h("td", {}, t.parent_trial || ""),
         h("td", { class: "muted" }, JSON.stringify(t.genome)))));
   };
-  show(h("h2", {}, `Evolution ${jobId}`), h("div", { class: "card" }, h("p", {}, stateEl), summary),
+  const result = h("div", { id: "evolution-result" }, resultOf(status.result ? { ...status, ...status.result } : status));
+  show(h("h2", {}, `Evolution ${jobId}`), h("div", { class: "card" }, h("p", {}, stateEl), summary, result),
        h("h3", {}, "Fitness over generations (best, median)"), chartBox, h("h3", {}, "Trials"), table);
   await refresh();
   follow(jobId, (event) => {
     const data = event.data || {};
     if (event.event === "state") stateEl.replaceChildren(state(data.to_state));
     if (event.event === "progress") { summary.textContent = describe(data); refresh(); }
-    if (event.event === "end") { stateEl.replaceChildren(state(data.state)); refresh(); }
+    if (event.event === "end") {
+      stateEl.replaceChildren(state(data.state));
+      refresh();
+      api(`/evolutions/${encodeURIComponent(jobId)}`).then((fresh) =>
+        result.replaceChildren(resultOf(fresh.result ? { ...fresh, ...fresh.result } : fresh)));
+    }
   });
+}
+
+// --- evolution form ---------------------------------------------------------------------------------------------
+// The request is the API's own (POST /evolutions, the same document `ray job submit` takes): JSON here, checked by
+// the server, whose structured error is shown as it comes.
+const EXAMPLE_EVOLUTION = {
+  name: "my-evolution",
+  preset: "tiny",
+  strategy: "task_arithmetic",
+  genome: { per_model: { weight: [0.0, 1.5, 1.0] }, global_parameters: { lambda: [0.1, 1.5, 0.5] } },
+  search: { kind: "pbt", population: 3, generations: 3, seed: 0 },
+};
+
+function evolveView() {
+  const request = h("textarea", { id: "evolution-request", rows: 16, spellcheck: "false" });
+  request.value = JSON.stringify(EXAMPLE_EVOLUTION, null, 2);
+  const form = h("form", { id: "evolution-form", class: "card", novalidate: true },
+    h("label", { for: "evolution-request" }, "Evolution request (JSON, as POST /evolutions takes it; see /docs)"),
+    request,
+    h("p", { class: "error", id: "evolution-error" }),
+    h("button", { type: "submit", id: "evolution-submit" }, "Start evolution"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const error = document.getElementById("evolution-error");
+    let body;
+    try { body = JSON.parse(request.value); }
+    catch { error.textContent = "VALIDATION_FAILED: the request must be a JSON object"; return; }
+    if (body === null || typeof body !== "object" || Array.isArray(body)) {
+      error.textContent = "VALIDATION_FAILED: the request must be a JSON object"; return;
+    }
+    try {
+      const accepted = await api("/evolutions", { method: "POST", body });
+      location.hash = `#/evolutions/${accepted.job_id}`;
+    } catch (failure) {
+      error.textContent = failure.message;
+    }
+  });
+  show(h("h2", {}, "New evolution"), form);
 }
 
 function fmt(value) {
@@ -262,6 +306,7 @@ const ROUTES = [
   [/^#\/models\/(.+)$/, modelView],
   [/^#\/models$/, modelsView],
   [/^#\/merge$/, mergeView],
+  [/^#\/evolve$/, evolveView],
   [/^.*$/, jobsView],
 ];
 

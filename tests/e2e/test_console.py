@@ -1,19 +1,24 @@
 """The web console at /ui in a real headless Chromium (Debian's package, driven by Playwright) against the running
 Serve app: the key is typed once and never put in a URL, a merge started from the form is followed live to
 COMPLETED (timeline and events from the SSE stream, no reload), the model page shows lineage and downloads a
-file, the form refuses what the API would. Screenshots go to tests/artifacts/."""
+file, the form refuses what the API would, and an evolution started from its form runs (a real Tune search on
+the session cluster) to COMPLETED while its page draws the fitness chart live. Screenshots go to
+tests/e2e/artifacts/."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.ray
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+TINY_EVOLUTION = Path(__file__).resolve().parents[2] / "configs" / "evolve-tiny.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +192,47 @@ def test_evolution_page_draws_fitness_live(page, alloy_service):
         page.wait_for_selector("main [data-state=COMPLETED]")
     finally:
         db.close()
+
+
+def test_an_evolution_started_from_the_form_is_followed_live_to_completed(page, alloy_service):
+    """A real evolution (the CI config: 3 trials x 3 generations on the tiny preset) submitted from the console's
+    form; the page is never reloaded, so every new point of the chart comes from the event stream."""
+    request = yaml.safe_load(TINY_EVOLUTION.read_text())
+    request["name"] = "console evolution"
+    _sign_in(page, alloy_service.keys["write"])
+    page.goto("/ui/#/evolve")
+    page.wait_for_selector("#evolution-form")
+    page.fill("#evolution-request", "{not json")
+    page.click("#evolution-submit")
+    assert "VALIDATION_FAILED" in page.inner_text("#evolution-error")
+    page.fill("#evolution-request", json.dumps({**request, "search": {**request["search"], "kind": "nonsense"}}))
+    page.click("#evolution-submit")
+    page.wait_for_function("document.querySelector('#evolution-error').textContent.includes('VALIDATION_FAILED')")
+
+    page.fill("#evolution-request", json.dumps(request, indent=2))
+    _shot(page, "evolution-form")
+    page.click("#evolution-submit")
+    page.wait_for_url("**/ui/#/evolutions/*")
+    page.wait_for_selector("#fitness-chart")
+    # Record every size the chart takes while the search runs (a MutationObserver in the page itself).
+    page.evaluate(
+        """() => {
+          window.chartSizes = [];
+          const box = document.querySelector('#fitness-chart');
+          const size = () => {
+            const line = box.querySelector('polyline.best');
+            return line ? line.getAttribute('points').trim().split(' ').filter(Boolean).length : 0;
+          };
+          new MutationObserver(() => window.chartSizes.push(size())).observe(box, { childList: true, subtree: true });
+        }"""
+    )
+    page.wait_for_selector("main [data-state=COMPLETED]", timeout=300_000)
+    page.wait_for_selector("#evolution-result #result-model")
+    sizes = page.evaluate("window.chartSizes")
+    assert max(sizes) == request["search"]["generations"], sizes  # one point per generation, best and median
+    assert len({size for size in sizes if size}) >= 2, f"the chart did not grow live: {sizes}"
+    assert page.locator("#trials tr").count() == 1 + request["search"]["population"] * request["search"]["generations"]
+    _shot(page, "evolution-completed")
+    page.click("#evolution-result #result-model")
+    page.wait_for_selector("#lineage")
+    assert page.console_errors == []
