@@ -201,6 +201,16 @@ def merge(
         )
         raise SystemExit(1)
     click.echo(f"COMPLETED: model {view.model_id}")
+    for row in _evaluation_rows(view.result):
+        click.echo(
+            f"  {row['dataset_id']} ({row['split']}): {row['metric']} {row['value']:.6g} over {row['n']} examples"
+        )
+
+
+def _evaluation_rows(result: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The scores of ``--evaluate`` in a COMPLETED merge's result (none without it)."""
+    evaluation = (result or {}).get("evaluation") or {}
+    return list(evaluation.get("results") or [])
 
 
 def _merge_body(models, strategy, params, slices, recipe, base_model, dtype, seed) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """``alloy submit merge`` as a thin user of alloy.client: URL and key from the environment, repeated --param
-refused, --slice for franken merges, --recipe files, one clean progress line, structured errors."""
+refused, --slice for franken merges, --recipe files, --evaluate, one clean progress line, structured errors."""
 
 from __future__ import annotations
 
@@ -106,3 +106,40 @@ def test_service_errors_print_the_code(alloy_service, served_models):
     env = {"ALLOY_URL": alloy_service.base_url, "ALLOY_API_KEY": alloy_service.keys["write"]}
     result = _run("--models", "tune1", "ghost", "--strategy", "ties", "-o", "cli-ghost", env=env)
     assert result.exit_code == 1 and "MODEL_NOT_FOUND" in result.output
+
+
+@pytest.mark.ray
+def test_evaluate_scores_the_merge_before_completed_and_prints_the_scores(alloy_service, tiny_zoo):
+    env = {"ALLOY_URL": alloy_service.base_url, "ALLOY_API_KEY": alloy_service.keys["write"]}
+    result = _run(
+        "--models",
+        "tiny-lm-ft-words",
+        "tiny-lm-ft-sums",
+        "--strategy",
+        "task_arithmetic",
+        "--base",
+        "tiny-lm-base",
+        "--evaluate",
+        "tiny-ppl-words",
+        "--split",
+        "dev",
+        "-o",
+        "cli-evaluated",
+        env=env,
+    )
+    assert result.exit_code == 0, result.output
+    assert "COMPLETED: model cli-evaluated" in result.output
+    [score] = [line for line in result.output.splitlines() if line.startswith("  tiny-ppl-words (dev): perplexity ")]
+    assert float(score.split()[3]) > 1.0  # a perplexity, read back from the job's typed result
+    client = alloy_service.client("read")
+    [job] = [
+        j for j in client.get("/jobs", params={"limit": 200}).json()["items"] if j.get("model_id") == "cli-evaluated"
+    ]
+    states = [event["to_state"] for event in client.get(f"/jobs/{job['job_id']}/events").json()]
+    assert states == ["CREATED", "PREPARING", "RUNNING", "EVALUATING", "COMPLETED"]
+
+    unknown = _run(
+        "--models", "tiny-lm-ft-words", "tiny-lm-ft-sums", "--strategy", "task_arithmetic", "--base", "tiny-lm-base",
+        "--evaluate", "no-such-dataset", "-o", "cli-evaluated-2", env=env,
+    )  # fmt: skip
+    assert unknown.exit_code == 1 and "Traceback" not in unknown.output

@@ -10,27 +10,6 @@ import pytest
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def tiny_zoo(alloy_service) -> dict[str, list[str]]:
-    """The ``tiny`` preset built offline and registered on the session service (idempotent)."""
-    from alloy.config import load_settings
-    from alloy.registry.datasets import DatasetRegistry
-    from alloy.registry.models import ModelRegistry
-    from alloy.storage.artifacts import ArtifactStore
-    from alloy.storage.db import Database
-    from alloy.zoo.presets import build_preset, register_preset
-
-    settings = load_settings(data_dir=alloy_service.data_dir, database={"url": alloy_service.database_url})
-    db = Database.from_settings(settings)
-    try:
-        store = ArtifactStore(settings.artifacts_uri, settings.storage_options)
-        models = ModelRegistry.from_settings(settings, db, store)
-        datasets = DatasetRegistry(db, store, roots=[settings.data_dir])
-        return register_preset(build_preset("tiny", settings.data_dir), models, datasets, store=store)
-    finally:
-        db.close()
-
-
 def test_an_evaluation_job_runs_to_completed_and_serves_its_results(alloy_service, tiny_zoo):
     client = alloy_service.client("write")
     response = client.post(
