@@ -17,6 +17,18 @@ DOCS_PATH, REDOC_PATH, OAUTH2_REDIRECT_PATH = "/docs", "/redoc", "/docs/oauth2-r
 # Public without a key: the pages and their assets (the API description is public; the data is not).
 PUBLIC_PATHS = (DOCS_PATH, REDOC_PATH, OAUTH2_REDIRECT_PATH, f"{STATIC_PREFIX}/*")
 FAVICON = f"{STATIC_PREFIX}/swagger-ui/favicon-32x32.png"
+# The pages may load only from this server: ReDoc's bundle, for one, fetches its "by Redocly" logo from a CDN,
+# which an offline browser would wait on and an online one would leak the visit to. Inline scripts and styles are
+# how FastAPI's page templates and both bundles start; workers and images may be blobs or data URLs.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; worker-src 'self' blob:; connect-src 'self'; font-src 'self' data:"
+)
+
+
+def _self_only(page: HTMLResponse) -> HTMLResponse:
+    page.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    return page
 
 
 def install_offline_docs(app: FastAPI) -> None:
@@ -26,15 +38,17 @@ def install_offline_docs(app: FastAPI) -> None:
 
     @app.get(DOCS_PATH, include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=openapi_url,
-            title=f"{app.title} - Swagger UI",
-            oauth2_redirect_url=OAUTH2_REDIRECT_PATH,
-            swagger_js_url=f"{STATIC_PREFIX}/swagger-ui/swagger-ui-bundle.js",
-            swagger_css_url=f"{STATIC_PREFIX}/swagger-ui/swagger-ui.css",
-            swagger_favicon_url=FAVICON,
-            # validatorUrl None: Swagger UI would otherwise send the document to an online validator.
-            swagger_ui_parameters={"validatorUrl": None},
+        return _self_only(
+            get_swagger_ui_html(
+                openapi_url=openapi_url,
+                title=f"{app.title} - Swagger UI",
+                oauth2_redirect_url=OAUTH2_REDIRECT_PATH,
+                swagger_js_url=f"{STATIC_PREFIX}/swagger-ui/swagger-ui-bundle.js",
+                swagger_css_url=f"{STATIC_PREFIX}/swagger-ui/swagger-ui.css",
+                swagger_favicon_url=FAVICON,
+                # validatorUrl None: Swagger UI would otherwise send the document to an online validator.
+                swagger_ui_parameters={"validatorUrl": None},
+            )
         )
 
     @app.get(OAUTH2_REDIRECT_PATH, include_in_schema=False)
@@ -43,10 +57,12 @@ def install_offline_docs(app: FastAPI) -> None:
 
     @app.get(REDOC_PATH, include_in_schema=False)
     def redoc() -> HTMLResponse:
-        return get_redoc_html(
-            openapi_url=openapi_url,
-            title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{STATIC_PREFIX}/redoc/redoc.standalone.js",
-            redoc_favicon_url=FAVICON,
-            with_google_fonts=False,
+        return _self_only(
+            get_redoc_html(
+                openapi_url=openapi_url,
+                title=f"{app.title} - ReDoc",
+                redoc_js_url=f"{STATIC_PREFIX}/redoc/redoc.standalone.js",
+                redoc_favicon_url=FAVICON,
+                with_google_fonts=False,
+            )
         )

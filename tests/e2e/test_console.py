@@ -236,3 +236,31 @@ def test_an_evolution_started_from_the_form_is_followed_live_to_completed(page, 
     page.click("#evolution-result #result-model")
     page.wait_for_selector("#lineage")
     assert page.console_errors == []
+
+
+@pytest.mark.parametrize(
+    "path, rendered", [("/docs", ".swagger-ui .opblock"), ("/redoc", "[data-section-id^='operation/']")]
+)
+def test_api_docs_render_in_the_browser_with_the_network_cut(browser, alloy_service, path, rendered):
+    """Every request that leaves this server is aborted (as on an offline GPU cluster): the pages still render the
+    whole API from the packaged assets."""
+    context = browser.new_context(base_url=alloy_service.base_url, viewport={"width": 1200, "height": 800})
+    outside: list[str] = []
+
+    def only_this_server(route):
+        if route.request.url.startswith(alloy_service.base_url):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_this_server)
+    try:
+        page = context.new_page()
+        page.goto(path)
+        page.wait_for_selector(rendered, timeout=60_000)
+        assert page.locator(rendered).count() >= 10  # the operations (or their sections) are all drawn
+        _shot(page, f"api-docs{path.replace('/', '-')}")
+    finally:
+        context.close()
+    assert outside == [], outside
