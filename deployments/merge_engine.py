@@ -48,6 +48,7 @@ class MergeEngineDeployment(JobEngine):
             heartbeat_s=self.heartbeat_s,
             cache_bytes=settings.merge.cache_bytes,
         )
+        self.runner.clean_work_dir()  # what lost runs of earlier replicas on this node left
         self._start_jobs(self.runner.job_runner)
 
     def _evaluate(self, model_dir: Path, request: MergeRequest) -> dict[str, Any]:
