@@ -27,6 +27,9 @@ from deployments.runtime import AppArgs, Services, open_services
 
 logger = logging.getLogger("alloy.engines")
 
+# Serve replaces a replica that died only once its health check fails: checked every 2 s (Serve's default is
+# 10 s), so that a killed engine replica is back, and its sweeper has requeued the lost job, within 30 s.
+ENGINE_HEALTH_CHECK_S = 2.0
 DRAIN_GRACE_S = 20.0  # after Serve's own graceful wait: how long cancelled jobs get to record themselves
 
 

@@ -29,7 +29,7 @@ from alloy.storage.db import Database, Page
 from alloy.storage.db.models import ModelRow
 from alloy.storage.db.page import check_paging
 from alloy.storage.db.types import utcnow
-from alloy.storage.integrity import FileRecord, FileVerifier, damaged_model, digest_files
+from alloy.storage.integrity import Damage, FileRecord, FileVerifier, damaged_model, digest_files
 
 if TYPE_CHECKING:
     from alloy.config import Settings
@@ -296,9 +296,9 @@ class ModelRegistry:
             try:
                 self.store.get_dir(prefix, cached)  # verifies every sha256 while it downloads
             except CorruptArtifact as exc:
-                reason = f"file {exc.key[len(prefix) + 1 :]!r} does not match its recorded sha256 in the store"
-                self.mark_broken(model_id, reason)
-                raise damaged_model(model_id, reason) from None
+                damage = Damage(file=exc.key[len(prefix) + 1 :], reason="does not match its sha256 in the store")
+                self.mark_broken(model_id, damage.describe())
+                raise damaged_model(model_id, damage) from None
         return cached
 
     def _expected_files(

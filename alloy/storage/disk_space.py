@@ -62,10 +62,11 @@ def require_free_space(needs: list[SpaceNeed], *, name_paths: bool = False) -> N
         free = shutil.disk_usage(anchors[device]).free
         if free < required:
             places = " and ".join(f"{n.what} ({n.path})" if name_paths else n.what for n in group)
+            verb = "need" if len(group) > 1 else "needs"
             shared = " (one disk)" if len(group) > 1 else ""
             raise AlloyError(
                 ErrorCode.INSUFFICIENT_STORAGE,
-                f"not enough free disk space: {places}{shared} need {_gb(required)} for the merge output "
+                f"not enough free disk space: {places}{shared} {verb} {_gb(required)} for the merge output "
                 f"({_gb(wanted)} plus a margin), {_gb(free)} is free",
                 {"required_bytes": required, "free_bytes": free, "places": [n.what for n in group]},
             )
