@@ -106,7 +106,7 @@ class EvolutionService:
 
     def _job_body(self, run: JobRun) -> dict[str, Any]:
         job_id = run.job_id
-        set_external_cancel_check(job_id, lambda: self._cancel_requested(job_id))
+        set_external_cancel_check(job_id, lambda: run.lost.is_set() or self._cancel_requested(job_id))  # fenced
         run.on_exit(lambda: set_external_cancel_check(job_id, None))
         run.on_exit(self.tracker.flush)  # trials recorded before a failure are kept
         spec = parse_spec(run.record.request)

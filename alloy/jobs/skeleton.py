@@ -64,6 +64,7 @@ class JobRun:
     jobs: JobStore
     record: JobRecord
     cancel: threading.Event
+    lost: threading.Event = field(default_factory=threading.Event)  # set (with cancel) when the run is fenced
     _undo: list[Callable[[], None]] = field(default_factory=list)
     _exit: list[Callable[[], None]] = field(default_factory=list)
 
@@ -208,6 +209,7 @@ class JobRunner:
         """The heartbeat found the job moved by someone else (its lease lapsed and a sweeper requeued it, or a
         forced stop did): stop this run at its next cancel point; it then gives the job up."""
         logger.warning("%s job %s: this run lost its lease; stopping it", self.kind.value, run.job_id)
+        run.lost.set()
         run.cancel.set()
 
     def _lost_ownership(self, run: JobRun) -> bool:

@@ -43,7 +43,10 @@ def test_a_run_whose_lease_lapsed_is_fenced_and_never_ends_the_next_attempt(jobs
     stalled, release = threading.Event(), threading.Event()
     outcomes: dict[str, str] = {}
 
+    first_runs: list[JobRun] = []
+
     def first_body(run: JobRun) -> dict:
+        first_runs.append(run)
         run.transition(JobState.RUNNING)
         stalled.set()
         release.wait(10)
@@ -71,6 +74,7 @@ def test_a_run_whose_lease_lapsed_is_fenced_and_never_ends_the_next_attempt(jobs
     assert record.state is JobState.COMPLETED and record.result == {"by": "second"}, record
     assert record.attempts == 1
     assert outcomes["first"] == "RUNNING"  # it gave the job up as it found it: the second run's
+    assert first_runs[0].lost.is_set()  # what a body without cancel points (a Tune search) watches
     assert [e.event for e in jobs.events(job_id)].count("interrupted") == 1
 
 
