@@ -149,7 +149,7 @@ class MergeJobRunner:
         out_dir = run_dir / "model"
         run.on_exit(lambda: self._remove_run_dir(run_dir))
         request = MergeRequest.model_validate(run.record.request)
-        recipe, sources = self._prepare(request)
+        recipe, sources = self._prepare(request, run.job_id)
         run.check_cancel()
         self._check_space(recipe, sources, run_dir)
         result = self._merge(run, recipe, sources, out_dir)
@@ -177,9 +177,12 @@ class MergeJobRunner:
         self._remove_run_dir(run_dir)
         return {"model_id": record.id, "evaluation": evaluation, **_summary(result)}
 
-    def _prepare(self, request: MergeRequest) -> tuple[MergeRecipe, dict[str, Path]]:
+    def _prepare(self, request: MergeRequest, job_id: str) -> tuple[MergeRecipe, dict[str, Path]]:
         recipe = request.recipe()
-        if self.models.exists(request.output_model_id):
+        output = request.output_model_id
+        if self.models.exists(output) and self.models.discard_unfinished(output, job_id):
+            logger.warning("merge job %s: removed the output an earlier run of it registered", job_id)
+        if self.models.exists(output):
             raise AlloyError(
                 ErrorCode.ALREADY_EXISTS,
                 f"model {request.output_model_id!r} already exists",
