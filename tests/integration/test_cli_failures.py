@@ -1,7 +1,8 @@
-"""The operator's commands when things break: `alloy merge` on a full disk (checked before it writes, and a disk
-that fills up while it writes: a real tmpfs), SIGTERM to `alloy merge` (a real process), and `alloy status` of a
-cluster killed with kill -9. Each prints ``Error: CODE: message`` in one line and exits non-zero, never a
-traceback, and leaves no staging folder."""
+"""Full disks and killed commands: a merge job whose work folder has no room fails INSUFFICIENT_STORAGE before it
+writes; `alloy merge` on a full disk (checked before it writes, and a disk that fills up while it writes: a real
+tmpfs), SIGTERM to `alloy merge` (a real process), and `alloy status` of a cluster killed with kill -9. Each
+command prints ``Error: CODE: message`` in one line and exits non-zero, never a traceback, and leaves no staging
+folder."""
 
 from __future__ import annotations
 
@@ -138,3 +139,32 @@ def test_alloy_status_of_a_cluster_killed_outright_says_it_is_dead(tmp_path, mon
     assert as_json.exit_code == 1
     body = json.loads(as_json.stdout)
     assert body["state"] == "READY" and body["alive"] is False and "dead" in body["problem"]
+
+
+def test_a_merge_job_without_room_for_its_output_fails_insufficient_storage_before_writing(
+    tiny_family, small_disk, tmp_path
+):
+    from alloy.jobs.merge_request import MergeRequest
+    from alloy.jobs.merge_runner import MergeJobRunner
+    from alloy.jobs.store import JobKind, JobState, JobStore
+    from alloy.registry.models import ModelRegistry
+    from alloy.storage.artifacts import ArtifactStore
+    from alloy.storage.db import Database
+
+    base, tunes = tiny_family
+    db = Database(f"sqlite:///{tmp_path / 'alloy.db'}")
+    db.upgrade()
+    registry = ModelRegistry(db, ArtifactStore(tmp_path / "artifacts"), model_roots=[base.parent], data_dir=tmp_path)
+    for model_id, folder in (("base", base), ("tune1", tunes[0]), ("tune2", tunes[1])):
+        registry.register(model_id, folder)
+    jobs = JobStore(db)
+    work = small_disk("8m")
+    request = MergeRequest(models=["tune1", "tune2"], strategy="slerp", parameters={"t": 0.5}, output_model_id="out")
+    job_id = jobs.create(JobKind.MERGE, request.model_dump(mode="json")).id
+
+    record = MergeJobRunner(jobs, registry, work).run(job_id)
+    db.close()
+
+    assert record.state is JobState.FAILED and record.error.code == "INSUFFICIENT_STORAGE", record.error
+    assert "the merge work folder" in record.error.message and str(work) not in record.error.message
+    assert not registry.exists("out") and list(work.iterdir()) == []
