@@ -118,6 +118,11 @@ class ModelView(BaseModel):
     owner: str | None = None
     lineage: dict[str, Any] | None = None
     created_at: datetime | None = None
+    broken: str | None = Field(
+        None,
+        description="Why the model's files cannot be used (damaged or missing; it names the file); null when "
+        "they can. A broken model is refused as a merge or evaluation input until it is registered again.",
+    )
 
 
 class DatasetRegistration(BaseModel):

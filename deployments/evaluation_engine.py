@@ -14,7 +14,7 @@ from ray import serve
 
 from alloy import components as c
 from alloy.evaluation.service import EvaluationService, configure_threads
-from deployments.job_engine import JobEngine
+from deployments.job_engine import ENGINE_HEALTH_CHECK_S, JobEngine
 
 EVALUATIONS_PER_REPLICA = 1
 
@@ -24,6 +24,7 @@ EVALUATIONS_PER_REPLICA = 1
     max_ongoing_requests=EVALUATIONS_PER_REPLICA + 4,
     graceful_shutdown_timeout_s=300,
     graceful_shutdown_wait_loop_s=2,
+    health_check_period_s=ENGINE_HEALTH_CHECK_S,
 )
 class EvaluationEngine(JobEngine):
     COMPONENT = c.EVALUATION_ENGINE

@@ -13,7 +13,7 @@ from typing import Any
 from ray import serve
 
 from alloy import components as c
-from deployments.job_engine import JobEngine
+from deployments.job_engine import ENGINE_HEALTH_CHECK_S, JobEngine
 from evolution.engine import EvolutionService
 
 EVOLUTIONS_PER_REPLICA = 1  # a search already fans out over the cluster
@@ -24,6 +24,7 @@ EVOLUTIONS_PER_REPLICA = 1  # a search already fans out over the cluster
     max_ongoing_requests=EVOLUTIONS_PER_REPLICA + 4,
     graceful_shutdown_timeout_s=300,
     graceful_shutdown_wait_loop_s=2,
+    health_check_period_s=ENGINE_HEALTH_CHECK_S,
     ray_actor_options={"num_cpus": 0.25},
 )
 class EvolutionEngine(JobEngine):

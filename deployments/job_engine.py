@@ -7,8 +7,10 @@ gets the same job handling as every other engine:
   replica (what Serve's autoscaler counts and a graceful shutdown drains). The blocking run is in a worker
   thread, shielded from the caller going away, so the event loop keeps answering ``health`` meanwhile;
 - at most ``SLOTS`` jobs run at once per replica; the others wait inside it, still counted as load;
-- a sweeper thread requeues jobs of its kind whose owner went silent (a replica killed outright, a node lost)
-  and re-dispatches them through this deployment's own handle;
+- a sweeper thread requeues jobs of its kind whose owner's lease lapsed (a replica killed outright, a node
+  lost: ``job_stale_after_s``, 15 s, checked every ``job_sweep_interval_s``, 5 s; why a lease and not Ray's
+  actor-death report: :mod:`alloy.jobs.liveness`), removes what the lost run left (the runner's
+  ``clean_lost_run``) and re-dispatches them through this deployment's own handle;
 - Serve's shutdown hook (``__del__``) drains: running jobs are cancelled and what does not stop is requeued.
 """
 
@@ -25,7 +27,9 @@ from deployments.runtime import AppArgs, Services, open_services
 
 logger = logging.getLogger("alloy.engines")
 
-SWEEP_INTERVAL_S = 30.0
+# Serve replaces a replica that died only once its health check fails: checked every 2 s (Serve's default is
+# 10 s), so that a killed engine replica is back, and its sweeper has requeued the lost job, within 30 s.
+ENGINE_HEALTH_CHECK_S = 2.0
 DRAIN_GRACE_S = 20.0  # after Serve's own graceful wait: how long cancelled jobs get to record themselves
 
 
@@ -50,7 +54,9 @@ class JobEngine:
         self.job_runner = job_runner
         job_runner.limit_slots(self.SLOTS)
         job_runner.start_sweeper(
-            stale_after_s=self.args.job_stale_after_s, dispatch=self._dispatch, interval_s=SWEEP_INTERVAL_S
+            stale_after_s=self.args.job_stale_after_s,
+            dispatch=self._dispatch,
+            interval_s=self.args.job_sweep_interval_s,
         )
 
     async def run_job(self, job_id: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from alloy import components as c
 from alloy.evaluation import evaluate_model_dir
 from alloy.jobs.merge_request import MergeRequest
 from alloy.jobs.merge_runner import MergeJobRunner
-from deployments.job_engine import JobEngine
+from deployments.job_engine import ENGINE_HEALTH_CHECK_S, JobEngine
 
 MERGES_PER_REPLICA = 2
 
@@ -27,6 +27,7 @@ MERGES_PER_REPLICA = 2
     max_ongoing_requests=MERGES_PER_REPLICA + 4,
     graceful_shutdown_timeout_s=300,
     graceful_shutdown_wait_loop_s=2,
+    health_check_period_s=ENGINE_HEALTH_CHECK_S,
     ray_actor_options={"num_cpus": 0.5},
 )
 class MergeEngineDeployment(JobEngine):
@@ -48,6 +49,7 @@ class MergeEngineDeployment(JobEngine):
             heartbeat_s=self.heartbeat_s,
             cache_bytes=settings.merge.cache_bytes,
         )
+        self.runner.clean_work_dir()  # what lost runs of earlier replicas on this node left
         self._start_jobs(self.runner.job_runner)
 
     def _evaluate(self, model_dir: Path, request: MergeRequest) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from alloy.components import APP_NAME
 from alloy.config import Settings, load_settings
+from alloy.jobs.liveness import DEFAULT_LEASE_S, DEFAULT_SWEEP_S
 from alloy.jobs.store import JobStore
 from alloy.registry.datasets import DatasetRegistry
 from alloy.registry.models import ModelRegistry
@@ -39,7 +40,13 @@ class AppArgs(BaseModel):
         False, description="GPU profile on an autoscaling cluster: accept jobs while no GPU node is up yet"
     )
     job_stale_after_s: float = Field(
-        120.0, gt=0, description="A running job whose heartbeat is older than this is treated as interrupted"
+        DEFAULT_LEASE_S,
+        gt=0,
+        description="The job lease: a running job whose owner wrote nothing (heartbeat) for this long is lost; "
+        "an engine replica's sweeper then requeues it and dispatches it again",
+    )
+    job_sweep_interval_s: float = Field(
+        DEFAULT_SWEEP_S, gt=0, description="How often each engine replica looks for lost jobs of its kind"
     )
 
     def load_settings(self) -> Settings:

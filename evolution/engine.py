@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from alloy.errors import AlloyError, ErrorCode, not_found
+from alloy.jobs.liveness import DEFAULT_HEARTBEAT_S
 from alloy.jobs.skeleton import JobRun, JobRunner
-from alloy.jobs.store import JobKind, JobState, JobStore
+from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
 from alloy.merge.executor import execute_merge, merge_state_dicts
 from alloy.registry.datasets import DatasetRegistry
 from alloy.registry.models import ModelRegistry
@@ -46,7 +47,18 @@ def experiment_id_for(job_id: str) -> str:
 
 
 class EvolutionService:
-    def __init__(self, settings, *, db, jobs, tracker, models, datasets=None, store=None, heartbeat_s: float = 5.0):
+    def __init__(
+        self,
+        settings,
+        *,
+        db,
+        jobs,
+        tracker,
+        models,
+        datasets=None,
+        store=None,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+    ):
         self.settings = settings
         self.heartbeat_s = heartbeat_s
         self.db = db
@@ -58,7 +70,12 @@ class EvolutionService:
         # The search has no cancel point of its own: a shutdown's cancel is not acted on, the drain requeues the
         # job and the replay resumes it from its Tune checkpoints.
         self.job_runner = JobRunner(
-            jobs, JobKind.EVOLUTION, self._job_body, heartbeat_s=heartbeat_s, claim_progress={"stage": "preparing"}
+            jobs,
+            JobKind.EVOLUTION,
+            self._job_body,
+            heartbeat_s=heartbeat_s,
+            claim_progress={"stage": "preparing"},
+            clean_lost_run=self.clean_lost_run,
         )
 
     @classmethod
@@ -89,7 +106,7 @@ class EvolutionService:
 
     def _job_body(self, run: JobRun) -> dict[str, Any]:
         job_id = run.job_id
-        set_external_cancel_check(job_id, lambda: self._cancel_requested(job_id))
+        set_external_cancel_check(job_id, lambda: run.lost.is_set() or self._cancel_requested(job_id))  # fenced
         run.on_exit(lambda: set_external_cancel_check(job_id, None))
         run.on_exit(self.tracker.flush)  # trials recorded before a failure are kept
         spec = parse_spec(run.record.request)
@@ -135,6 +152,16 @@ class EvolutionService:
         result = self._finalize(job_id, spec, inputs, space, parents, candidates, outcome, experiment_id)
         self.tracker.flush()
         return result
+
+    def clean_lost_run(self, job: JobRecord) -> None:
+        """What a lost run (its replica killed) left, removed when the job is requeued: the winner's merge
+        folder and its staging sibling, the staging leftovers of the winner's registration. The Tune experiment
+        folder stays: the replay resumes from it."""
+        job_dir = self.storage_path / job.id
+        for scratch in [job_dir / "model", *job_dir.glob(".model.staging-*")]:
+            shutil.rmtree(scratch, ignore_errors=True)
+        output = job.request.get("output_model_id") or _default_output_id(job.id)
+        self.models.discard_unfinished(output, job.id)
 
     def cancel(self, job_id: str):
         """Ask a running evolution to stop (this process at once; another process within seconds)."""
@@ -258,7 +285,7 @@ class EvolutionService:
             recipe, {m: Path(p) for m, p in inputs.parents.items()}, out_dir, device=self.settings.merge.device
         )
         _copy_tokenizer(Path(skeleton), out_dir)
-        model_id = spec.output_model_id or f"evolved-{job_id[:24]}"
+        model_id = spec.output_model_id or _default_output_id(job_id)
         chain = lineage_of(winner.candidate.candidate_id, candidates)
         lineage = {
             "kind": "evolution",
@@ -348,6 +375,10 @@ class EvolutionService:
             return {"path": str(path)}
         info = self.store.put_file(f"evolutions/{job_id}/fitness.png", path)
         return {"key": info.key, "uri": info.uri, "size": info.size, "sha256": info.sha256}
+
+
+def _default_output_id(job_id: str) -> str:
+    return f"evolved-{job_id[:24]}"
 
 
 def _copy_tokenizer(source: Path, out_dir: Path) -> None:

@@ -1,14 +1,22 @@
 """``alloy merge RECIPE.yml OUT_DIR``: a local merge, no server. Reads Alloy or mergekit recipes; models are
-local Hugging Face folders (paths relative to the working directory or to the recipe file)."""
+local Hugging Face folders (paths relative to the working directory or to the recipe file).
+
+Every failure prints ``Error: CODE: message`` and exits non-zero (a full disk, before or during the write:
+INSUFFICIENT_STORAGE; SIGINT/SIGTERM: CANCELLED with 128 + the signal's number); nothing is left at OUT_DIR or in
+a staging folder next to it."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 
 from alloy.errors import AlloyError, ErrorCode
+from alloy.storage.disk_space import SpaceNeed, merge_output_bytes, require_free_space, storage_error
 
 
 def resolve_model_path(reference: str, recipe_dir: Path) -> Path:
@@ -38,6 +46,45 @@ def resolve_source(reference: str, recipe_dir: Path):
     return base if adapter is None else LoraSource(base, resolve_adapter_path(adapter, recipe_dir))
 
 
+def failed(code: ErrorCode | str, message: str) -> click.ClickException:
+    """``Error: CODE: message`` on stderr and exit status 1, never a traceback."""
+    return click.ClickException(f"{ErrorCode(code).value}: {message}")
+
+
+class StopOnSignal:
+    """SIGINT and SIGTERM cancel the merge between tensors (the executor removes its staging folder, nothing is
+    left at OUT_DIR); a second signal interrupts at once (the staging folder is removed on the way out too)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.cancel = threading.Event()
+        self.received: int | None = None
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignal:
+        for signum in self.SIGNALS:
+            self._saved[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+        self.cancel.set()
+
+    def exit(self, out_dir: Path) -> NoReturn:
+        """``Error: CANCELLED: ...`` and exit status 128 + the signal's number (as the shell reports it)."""
+        signum = self.received or signal.SIGINT
+        name = signal.Signals(signum).name
+        click.echo(f"Error: CANCELLED: merge interrupted by {name}; nothing was written to {out_dir}", err=True)
+        sys.exit(128 + signum)
+
+
 @click.command("merge")
 @click.argument("recipe_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(path_type=Path))
@@ -64,50 +111,84 @@ def merge(
     workers: int,
     quiet: bool,
 ) -> None:
-    """Merge the models of RECIPE_FILE (Alloy or mergekit YAML) into the new folder OUT_DIR."""
-    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
-    from tqdm import tqdm
+    """Merge the models of RECIPE_FILE (Alloy or mergekit YAML) into the new folder OUT_DIR.
 
-    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
-    from alloy.merge.executor import execute_merge
-    from alloy.merge.mergekit import load_recipe_yaml
-
-    try:
-        recipe = load_recipe_yaml(recipe_file.read_text())
-        if seed is not None:
-            recipe = recipe.model_copy(update={"seed": seed})
-        named = recipe.model_ids + (recipe.tokenizer.models_named() if recipe.tokenizer else [])
-        sources = {m: resolve_source(m, recipe_file.parent) for m in dict.fromkeys(named)}
-        bar = None if quiet else tqdm(total=0, unit="B", unit_scale=True, desc="merging", file=sys.stderr)
-
-        def report(progress) -> None:
-            if bar is None:
-                return
-            bar.total = progress.bytes_total
-            bar.set_postfix_str(f"{progress.tensors_done}/{progress.tensors_total} tensors", refresh=False)
-            bar.update(progress.bytes_done - bar.n)
-
+    Free disk space is checked first (INSUFFICIENT_STORAGE); SIGINT or SIGTERM cancels and leaves nothing
+    behind. Errors print as ``Error: CODE: message`` with a non-zero exit status."""
+    with StopOnSignal() as stop:
         try:
-            result = execute_merge(
-                recipe,
-                sources,
-                out_dir,
-                device=device,
-                progress=report,
-                shard_bytes=shard_bytes,
-                max_in_flight=max_in_flight,
-                workers=workers,
-            )
-        finally:
-            if bar is not None:
-                bar.close()
-    except AlloyError as exc:
-        raise click.ClickException(
-            f"{exc.code.value}: {exc.message}" + (f" {exc.details}" if exc.details else "")
-        ) from None
+            result = _merge(recipe_file, out_dir, device, seed, shard_bytes, max_in_flight, workers, quiet, stop)
+        except click.ClickException:
+            raise
+        except AlloyError as exc:
+            raise failed(exc.code, exc.message + (f" {exc.details}" if exc.details else "")) from None
+        except KeyboardInterrupt:
+            stop.received = stop.received or signal.SIGINT
+            stop.exit(out_dir)
+        except Exception as exc:  # noqa: BLE001 - a command prints one line, never a traceback
+            if stop.cancel.is_set():
+                stop.exit(out_dir)
+            full = storage_error(exc, f"{out_dir.absolute().parent}")
+            if full is not None:
+                raise failed(full.code, full.message) from None
+            raise failed(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}") from None
     click.echo(
         f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} in {result.seconds:.1f}s"
     )
+
+
+def _merge(
+    recipe_file: Path,
+    out_dir: Path,
+    device: str,
+    seed: int | None,
+    shard_bytes: int,
+    max_in_flight: int,
+    workers: int,
+    quiet: bool,
+    stop: StopOnSignal,
+):
+    # lazy: a command imports only what it runs (`alloy stop` never loads Ray, `alloy key` never torch)
+    from tqdm import tqdm
+
+    from alloy.merge.executor import execute_merge
+    from alloy.merge.mergekit import load_recipe_yaml
+
+    recipe = load_recipe_yaml(recipe_file.read_text())
+    if seed is not None:
+        recipe = recipe.model_copy(update={"seed": seed})
+    named = recipe.model_ids + (recipe.tokenizer.models_named() if recipe.tokenizer else [])
+    sources = {m: resolve_source(m, recipe_file.parent) for m in dict.fromkeys(named)}
+    if out_dir.exists():
+        raise AlloyError(ErrorCode.ALREADY_EXISTS, f"{out_dir} already exists", {"path": str(out_dir)})
+    need = SpaceNeed(out_dir.absolute().parent, merge_output_bytes(recipe, sources), "the output folder")
+    require_free_space([need], name_paths=True)
+    if stop.cancel.is_set():
+        stop.exit(out_dir)
+    bar = None if quiet else tqdm(total=0, unit="B", unit_scale=True, desc="merging", file=sys.stderr)
+
+    def report(progress) -> None:
+        if bar is None:
+            return
+        bar.total = progress.bytes_total
+        bar.set_postfix_str(f"{progress.tensors_done}/{progress.tensors_total} tensors", refresh=False)
+        bar.update(progress.bytes_done - bar.n)
+
+    try:
+        return execute_merge(
+            recipe,
+            sources,
+            out_dir,
+            device=device,
+            progress=report,
+            cancel=stop.cancel,
+            shard_bytes=shard_bytes,
+            max_in_flight=max_in_flight,
+            workers=workers,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 @click.command("methods")

@@ -19,6 +19,7 @@ from alloy.errors import AlloyError
 
 EXIT_ESCALATED = 2  # a graceful stop that ran past its timeout and was forced
 EXIT_NOT_RUNNING = 3  # `alloy status` of a cluster that is not READY (LSB "program is not running")
+EXIT_DEAD = 1  # `alloy status` of a cluster whose `alloy start` died (LSB "dead and the pid file exists")
 STOP_GRACE_S = 120.0  # how much longer than the drain timeout `alloy stop` waits for flush and terminate
 
 
@@ -238,7 +239,9 @@ def _cluster_status(settings):
 @click.option("--json", "as_json", is_flag=True, help="Print the persisted cluster status as JSON")
 def status(as_json: bool) -> None:
     """Show the persisted cluster state: state, config version, pools, last start and stop (each step with
-    its duration), the last recovery, active jobs. Reads only the database. Exits 3 unless READY."""
+    its duration), the last recovery, active jobs. Reads only the database. Exits 0 when READY and its `alloy
+    start` is alive, 1 when the cluster died (its state is not STOPPED but no `alloy start` is alive), 3
+    otherwise."""
 
     from alloy.cli.data import cli_settings, open_existing_database
     from alloy.cluster.local_state import pid_alive, read_local_state
@@ -254,16 +257,33 @@ def status(as_json: bool) -> None:
         db.close()
     local = read_local_state(settings.data_dir)
     running = local is not None and pid_alive(local.get("pid"))
+    dead = None if running or cluster.state is ClusterState.STOPPED else _death_notice(cluster.state.value, local)
     if as_json:
         body = cluster.model_dump(mode="json", exclude={"snapshot"})
         body.update(
-            active_jobs=len(active), url=local["url"] if running else None, pid=local["pid"] if running else None
+            active_jobs=len(active),
+            url=local["url"] if running else None,
+            pid=local["pid"] if running else None,
+            alive=running,
+            problem=dead,
         )
         click.echo(json.dumps(body, indent=2))
     else:
         _echo_status(cluster, active, local if running else None)
+    if dead is not None:
+        click.echo(f"Error: {dead}", err=True)
+        sys.exit(EXIT_DEAD)
     if cluster.state is not ClusterState.READY:
         sys.exit(EXIT_NOT_RUNNING)
+
+
+def _death_notice(state: str, local) -> str:
+    """The one line of a cluster that died without stopping (kill -9, power loss, OOM killer)."""
+    process = f"`alloy start` (pid {local['pid']}) is gone" if local else "no `alloy start` process is alive"
+    return (
+        f"the cluster is dead: its state is {state} but {process}; its jobs are not running. "
+        "`alloy start` recovers it (consistency check, replay of interrupted jobs)"
+    )
 
 
 def _echo_status(cluster, active, local) -> None:

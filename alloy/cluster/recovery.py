@@ -6,12 +6,16 @@ running, so every non-terminal job was interrupted, every artifact folder withou
 crashed registration, and every scratch folder is a partial merge output.
 
 - ``check()`` finds jobs left non-terminal, artifact folders (models/, datasets/) without a record, records
-  whose artifacts are missing or incomplete, staging leftovers and partial merge outputs in scratch folders.
-- ``repair(report)`` requeues each interrupted job (history: ``interrupted`` with the reason; the replay's
-  first move records ``replayed``). A merge whose output was already registered by that very job (it died
+  whose artifacts are missing or incomplete or (models on a local disk) whose files no longer match the sha256
+  recorded at registration, staging leftovers and partial merge outputs in scratch folders.
+- ``repair(report)`` requeues each job a run held (PREPARING, RUNNING, EVALUATING; history: ``interrupted`` with
+  the reason; the replay's first move records ``replayed``); a CREATED job is already queued (a forced stop
+  requeued it, or it never started), so one interruption counts one attempt. A merge whose output was already registered by that very job (it died
   between registration and COMPLETED) has the output unregistered first, so the rerun is idempotent. Orphan
   folders, staging leftovers and partial outputs are deleted; broken records are marked in the cluster state
-  (``snapshot["recovery"]["broken_records"]``), not deleted: someone may want to restore their files.
+  (``snapshot["recovery"]["broken_records"]``) and broken models in their record (``broken``: listed as such by
+  ``GET /models`` and refused as inputs until registered again), not deleted: someone may want to restore their
+  files. A model whose files verify again is unmarked.
 - ``replay(dispatch)`` hands every CREATED job to the dispatcher of its kind: merges and evaluations rerun,
   evolutions resume from their last Tune checkpoint (the evolution engine restores its experiment folder). A
   kind without a dispatcher, or a dispatch that raises, ends the job FAILED with the reason.
@@ -32,6 +36,7 @@ from sqlalchemy import select
 
 from alloy.cluster.state import ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode
+from alloy.jobs.liveness import requeue_lost
 from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
 from alloy.registry.models import ModelRegistry
 from alloy.storage.artifact_catalog import ArtifactCatalog
@@ -80,6 +85,7 @@ class ConsistencyReport(BaseModel):
     broken_records: list[BrokenRecord] = Field(default_factory=list)
     staging_leftovers: int = 0
     partial_outputs: list[str] = Field(default_factory=list)
+    verified_models: list[str] = Field(default_factory=list)  # every file hashed and found as registered
 
     @property
     def consistent(self) -> bool:
@@ -95,7 +101,7 @@ class ConsistencyReport(BaseModel):
         return (
             f"{len(self.interrupted_jobs)} interrupted jobs, {len(self.orphan_artifacts)} orphan artifact "
             f"folders, {len(self.broken_records)} broken records, {self.staging_leftovers} staging leftovers, "
-            f"{len(self.partial_outputs)} partial outputs"
+            f"{len(self.partial_outputs)} partial outputs, {len(self.verified_models)} models verified"
         )
 
 
@@ -166,6 +172,7 @@ class Recovery:
             files = self._files_under(registry)
             report.orphan_artifacts += _orphans(registry, files, owned)
             report.broken_records += self._broken(registry, table)
+        report.broken_records += self._damaged_models(report)
         logger.info("consistency check: %s", report.summary())
         return report
 
@@ -232,6 +239,27 @@ class Recovery:
                 broken.append(BrokenRecord(registry=registry, id=record_id, location=prefix or "", reason=reason))
         return broken
 
+    def _damaged_models(self, report: ConsistencyReport) -> list[BrokenRecord]:
+        """Models whose files are all there but no longer what was registered (every file hashed afresh: the
+        consistency check trusts nothing remembered). Files on S3 are verified when a node downloads them."""
+        already = {b.id for b in report.broken_records if b.registry == "models"}
+        with self.db.session() as session:
+            rows = [(r.id, r.artifact_prefix or r.source_path or "") for r in session.scalars(select(ModelRow))]
+        damaged = []
+        for model_id, location in rows:
+            if model_id in already:
+                continue
+            try:
+                reason = self.models.verify(model_id)
+            except Exception as exc:  # noqa: BLE001 - one unreadable model must not stop the check
+                reason = f"its files cannot be verified: {type(exc).__name__}: {exc}"
+            if reason is None:
+                if self.store.is_local or location.startswith("/"):
+                    report.verified_models.append(model_id)
+                continue
+            damaged.append(BrokenRecord(registry="models", id=model_id, location=location, reason=reason))
+        return damaged
+
     def _folder_problem(self, prefix: str) -> str | None:
         """Why a published folder is not complete, or None: its manifest must exist, no pending marker may
         remain, and every file the manifest lists must be there with its size."""
@@ -265,6 +293,7 @@ class Recovery:
             shutil.rmtree(partial, ignore_errors=True)
             repaired.partial_outputs_removed.append(partial)
         repaired.broken_marked = [f"{b.registry}/{b.id}" for b in report.broken_records]
+        self._mark_models(report, repaired)
         if self.state is not None:
             self.state.update_snapshot(
                 recovery={
@@ -277,14 +306,22 @@ class Recovery:
         logger.info("repair: %s", repaired.summary())
         return repaired
 
+    def _mark_models(self, report: ConsistencyReport, repaired: RepairReport) -> None:
+        """Broken models are refused as inputs (their record says why); verified ones are usable again."""
+        for broken in report.broken_records:
+            if broken.registry == "models":
+                self.models.set_broken(broken.id, f"{broken.reason} (found by the start-up consistency check)")
+        for model_id in report.verified_models:
+            self.models.set_broken(model_id, None)
+
     def _requeue(self, job: InterruptedJob, reason: str, repaired: RepairReport) -> None:
         try:
             if job.output_registered_by_job and job.output_model_id:
                 # The merge registered its output and died before COMPLETED: its rerun must find the id free.
                 self.models.delete(job.output_model_id)
                 repaired.unregistered_outputs.append(job.output_model_id)
-            self.jobs.requeue(job.id, f"{reason} (was {job.state.value})")
-            repaired.requeued.append(job.id)
+            if requeue_lost(self.jobs, self.jobs.get(job.id), f"{reason} (was {job.state.value})") is not None:
+                repaired.requeued.append(job.id)
         except AlloyError as exc:
             repaired.errors.append(f"requeue {job.id}: {exc.message}")
 

@@ -26,6 +26,7 @@ from ray.serve.schema import ServeDeploySchema
 from alloy.components import APP_NAME, BACKENDS, ENGINE_OF_KIND, ENGINES, EXPERIMENT_TRACKER
 from alloy.control.serve_deploy import wait_http_ready
 from alloy.errors import AlloyError, ErrorCode
+from alloy.jobs.liveness import requeue_lost
 from alloy.jobs.store import JobKind, JobRecord, JobStore
 
 POOL_DEPLOYMENTS = ENGINES
@@ -160,15 +161,10 @@ def cancel_active_tasks(jobs: JobStore, reason: str = "interrupted: forced shutd
 
 
 def requeue_active(jobs: JobStore, reason: str) -> str:
-    """Mark every active job interrupted (requeued to CREATED). Only safe once nothing runs them any more
-    (after :func:`kill_engine_replicas`, or at start before the pools exist)."""
-    requeued = []
-    for job in jobs.active():
-        try:
-            jobs.requeue(job.id, reason)
-            requeued.append(job.id)
-        except AlloyError:
-            continue  # it finished meanwhile
+    """Mark every job a run held interrupted (requeued to CREATED, one attempt each; CREATED jobs are already
+    queued). Only safe once nothing runs them any more (after :func:`kill_engine_replicas`, or at start before
+    the pools exist)."""
+    requeued = [job.id for job in jobs.active() if requeue_lost(jobs, job, reason) is not None]
     return f"{len(requeued)} active jobs requeued"
 
 

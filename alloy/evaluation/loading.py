@@ -1,16 +1,23 @@
-"""Load a model folder for evaluation (fp32, eval mode, safetensors only) and load candidate weights into it."""
+"""Load a model folder for evaluation (fp32, eval mode, safetensors only) and load candidate weights into it.
+
+A folder whose weights cannot be read fails with the error a merge gives for it (VALIDATION_FAILED naming the
+model and the damaged file, :func:`alloy.storage.integrity.damaged_model`), never with the library's text."""
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from alloy.errors import validation_failed
+from alloy.errors import AlloyError, ErrorCode, validation_failed
 from alloy.model_manifest import weight_files
+from alloy.storage.integrity import Damage, damaged_model, safetensors_problem
+
+log = logging.getLogger(__name__)
 
 ModelKind = Literal["encoder", "causal_lm"]
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -39,12 +46,36 @@ def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def load_model(model_dir: str | Path) -> LoadedModel:
+def load_model(model_dir: str | Path, model_id: str | None = None) -> LoadedModel:
+    """``model_id`` names the model in errors (default: the folder's name)."""
+    model_dir = Path(model_dir)
+    shards = weight_files(model_dir)  # refuses pickle-only folders before transformers could look at them
+    try:
+        return _load(model_dir)
+    except AlloyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers and safetensors raise many types
+        raise _unreadable(model_dir, shards, model_id or model_dir.name, exc) from None
+
+
+def _unreadable(model_dir: Path, shards: list[str], model_id: str, exc: Exception) -> AlloyError:
+    """The error of a folder transformers could not load: the damaged shard when one is (truncated, bad header)."""
+    log.warning("loading model %s from %s failed", model_id, model_dir, exc_info=exc)
+    for shard in shards:
+        problem = safetensors_problem(model_dir / shard)
+        if problem is not None:
+            return damaged_model(model_id, Damage(file=shard, reason=problem))
+    return AlloyError(
+        ErrorCode.VALIDATION_FAILED,
+        f"model {model_id!r} cannot be loaded for evaluation ({type(exc).__name__})",
+        {"model_id": model_id},
+    )
+
+
+def _load(model_dir: Path) -> LoadedModel:
     # lazy: transformers costs seconds to import; only model loading needs it
     from transformers import AutoModel, AutoModelForCausalLM
 
-    model_dir = Path(model_dir)
-    weight_files(model_dir)  # refuses pickle-only folders before transformers could look at them
     kind = model_kind(model_dir)
     common = {"dtype": torch.float32, "use_safetensors": True}
     if kind == "causal_lm":

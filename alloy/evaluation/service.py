@@ -22,6 +22,7 @@ from alloy.evaluation.dataset_sources import DatasetSource, RegistryDatasets
 from alloy.evaluation.loaded_model_cache import LoadedModelCache
 from alloy.evaluation.loading import LoadedModel, load_model
 from alloy.evaluation.results import EvalResult
+from alloy.jobs.liveness import DEFAULT_HEARTBEAT_S
 from alloy.jobs.skeleton import JobRun, JobRunner
 from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
 from alloy.registry.datasets import DatasetRegistry
@@ -76,7 +77,7 @@ class EvaluationService:
         cache_capacity: int = 2,
         batch_size: int = DEFAULT_BATCH_SIZE,
         dataset_source: DatasetSource | None = None,
-        heartbeat_s: float = 5.0,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ):
         self.models = models
         self.datasets = datasets
@@ -99,7 +100,8 @@ class EvaluationService:
     def _load_registered(self, model_id: str) -> LoadedModel:
         if not self.models.exists(model_id):
             raise model_not_found(model_id)
-        return self.cache.get(f"id:{model_id}", lambda: load_model(self.models.local_dir(model_id)))
+        # local_dir verifies the files against their registered sha256 (and refuses a broken model)
+        return self.cache.get(f"id:{model_id}", lambda: load_model(self.models.local_dir(model_id), model_id))
 
     def cache_stats(self) -> dict[str, float]:
         return self.cache.stats().model_dump()
@@ -212,9 +214,10 @@ class EvaluationService:
 
     def _job_body(self, run: JobRun) -> dict[str, Any]:
         request = parse_request(run.record.request)
-        for model_id in request.model_ids:  # fail before RUNNING on anything unknown
+        for model_id in request.model_ids:  # fail before RUNNING on anything unknown, broken or damaged
             if not self.models.exists(model_id):
                 raise model_not_found(model_id)
+            self.models.local_dir(model_id)
         for dataset_id in request.datasets:
             self.source.load(dataset_id, request.split)
         run.transition(JobState.RUNNING, progress={"stage": "scoring"})

@@ -4,10 +4,18 @@ The body re-validates the request (the registry may have changed since the ingre
 sources through a model cache, merges into a private work folder, optionally evaluates, and registers the
 output only as the last step before COMPLETED, so a FAILED job leaves nothing registered and no visible
 artifact. Claim, heartbeat, endings, cancel and requeue are the skeleton's.
+
+Scratch: a run works in ``<work_dir>/<job_id>/<attempt>-<random>/`` (the executor stages its output next to
+``model/`` there). The folder goes when the run ends; a run that was lost (its replica killed) leaves it, and
+:meth:`MergeJobRunner.clean_lost_run` removes it when the job is requeued (every run folder of an older attempt,
+so never the folder of a live run of the current attempt), with the staging leftovers of its registration and
+an output it registered without completing. A replica's start removes what lost runs left in its work folder.
+Before writing, the free disk space is checked against the output size the plan gives (INSUFFICIENT_STORAGE).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import threading
@@ -18,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from alloy.errors import AlloyError, ErrorCode
+from alloy.jobs.liveness import DEFAULT_HEARTBEAT_S
 from alloy.jobs.merge_request import MergeRequest
 from alloy.jobs.skeleton import JobInterrupted, JobRun, JobRunner
 from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
@@ -26,6 +35,7 @@ from alloy.merge.lora import LoraSource
 from alloy.merge.recipe import MergeRecipe
 from alloy.registry.adapters import input_manifest, input_source
 from alloy.registry.models import ModelRegistry
+from alloy.storage.disk_space import SpaceNeed, merge_output_bytes, require_free_space, storage_error
 from alloy.storage.model_cache import CachedModel, ModelCache
 
 logger = logging.getLogger("alloy.jobs.merge")
@@ -47,7 +57,7 @@ class MergeJobRunner:
         shard_bytes: int | None = None,
         max_in_flight: int | None = None,
         evaluate: Evaluate | None = None,
-        heartbeat_s: float = 5.0,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ):
         self.jobs = jobs
         self.models = models
@@ -58,7 +68,12 @@ class MergeJobRunner:
         self.max_in_flight = max_in_flight
         self.evaluate = evaluate
         self.job_runner = JobRunner(
-            jobs, JobKind.MERGE, self._body, heartbeat_s=heartbeat_s, claim_progress={"stage": "preparing"}
+            jobs,
+            JobKind.MERGE,
+            self._body,
+            heartbeat_s=heartbeat_s,
+            claim_progress={"stage": "preparing"},
+            clean_lost_run=self.clean_lost_run,
         )
 
     @property
@@ -76,38 +91,100 @@ class MergeJobRunner:
         manifest = self.models.manifest(model_id)
         return CachedModel(model_id, Path(self.models.local_dir(model_id)), manifest, int(manifest.size_bytes))
 
+    # -- scratch -------------------------------------------------------------------------------------------
+    def _run_dir(self, run: JobRun) -> Path:
+        return self.work_dir / run.job_id / f"{run.attempt}-{uuid.uuid4().hex[:8]}"
+
+    def _remove_run_dir(self, run_dir: Path) -> None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the job's folder goes with its last run (another may be starting)
+            run_dir.parent.rmdir()
+
+    def clean_lost_run(self, job: JobRecord) -> None:
+        """What a lost run of ``job`` (just requeued) left: its run folders (every older attempt's), the staging
+        leftovers of its output's registration, an output it registered but never completed."""
+        self._remove_old_runs(job)
+        output = job.request.get("output_model_id")
+        if isinstance(output, str) and output:
+            removed = self.models.discard_unfinished(output, job.id)
+            if removed:
+                logger.warning("merge job %s: removed what its lost run left: %s", job.id, ", ".join(removed))
+
+    def clean_work_dir(self) -> list[str]:
+        """A replica's start: remove the run folders of jobs that ended or were requeued since (lost runs)."""
+        removed: list[str] = []
+        if not self.work_dir.is_dir():
+            return removed
+        for job_dir in self.work_dir.iterdir():
+            if not job_dir.is_dir():
+                continue
+            try:
+                job = self.jobs.get(job_dir.name)
+            except AlloyError:
+                job = None
+            if job is None or job.state.terminal:
+                shutil.rmtree(job_dir, ignore_errors=True)
+                removed.append(job_dir.name)
+            elif self._remove_old_runs(job):
+                removed.append(job_dir.name)
+        return removed
+
+    def _remove_old_runs(self, job: JobRecord) -> bool:
+        job_dir = self.work_dir / job.id
+        if not job_dir.is_dir():
+            return False
+        removed = False
+        for run_dir in job_dir.iterdir():
+            # A run of the job's current attempt may be alive (it claimed the job before it made its folder); a
+            # run of an older attempt lost the job when it was requeued.
+            attempt = run_dir.name.split("-", 1)[0]
+            if not attempt.isdigit() or int(attempt) < job.attempts:
+                shutil.rmtree(run_dir, ignore_errors=True)
+                removed = True
+        with contextlib.suppress(OSError):
+            job_dir.rmdir()
+        return removed
+
     # -- the body ------------------------------------------------------------------------------------------
     def _body(self, run: JobRun) -> dict[str, Any]:
-        out_dir = self.work_dir / f"{run.job_id}-{uuid.uuid4().hex[:8]}"
-        run.on_exit(lambda: shutil.rmtree(out_dir, ignore_errors=True))
+        run_dir = self._run_dir(run)
+        out_dir = run_dir / "model"
+        run.on_exit(lambda: self._remove_run_dir(run_dir))
         request = MergeRequest.model_validate(run.record.request)
-        recipe, sources = self._prepare(request)
+        recipe, sources = self._prepare(request, run.job_id)
         run.check_cancel()
+        self._check_space(recipe, sources, run_dir)
         result = self._merge(run, recipe, sources, out_dir)
         evaluation = None
         if request.evaluate is not None and self.evaluate is not None:
             run.transition(JobState.EVALUATING, progress={"stage": "evaluating"})
             evaluation = self.evaluate(out_dir, request)
             run.check_cancel()
-        record = self.models.register(
-            request.output_model_id,
-            str(out_dir),
-            lineage={
-                "job_id": run.job_id,
-                "strategy": recipe.strategy,
-                "method": recipe.variant,
-                "models": recipe.model_ids,
-                "parameters": recipe.parameters,
-            },
-        )
+        lineage = {
+            "job_id": run.job_id,
+            "strategy": recipe.strategy,
+            "method": recipe.variant,
+            "models": recipe.model_ids,
+            "parameters": recipe.parameters,
+        }
+        try:
+            record = self.models.register(request.output_model_id, str(out_dir), lineage=lineage)
+        except OSError as exc:
+            full = storage_error(exc, "the artifact store")
+            if full is None:
+                raise
+            raise full from None
         run.on_undo(lambda: self._unregister(record.id))
         # Scratch goes before COMPLETED, so that a completed job never leaves anything behind it.
-        shutil.rmtree(out_dir, ignore_errors=True)
+        self._remove_run_dir(run_dir)
         return {"model_id": record.id, "evaluation": evaluation, **_summary(result)}
 
-    def _prepare(self, request: MergeRequest) -> tuple[MergeRecipe, dict[str, Path | LoraSource]]:
+    def _prepare(self, request: MergeRequest, job_id: str) -> tuple[MergeRecipe, dict[str, Path | LoraSource]]:
         recipe = request.recipe()
-        if self.models.exists(request.output_model_id):
+        output = request.output_model_id
+        if self.models.exists(output) and self.models.discard_unfinished(output, job_id):
+            logger.warning("merge job %s: removed the output an earlier run of it registered", job_id)
+        if self.models.exists(output):
             raise AlloyError(
                 ErrorCode.ALREADY_EXISTS,
                 f"model {request.output_model_id!r} already exists",
@@ -139,13 +216,26 @@ class MergeJobRunner:
             outcome = execute_merge(recipe, sources, out_dir, **kwargs)
         except AlloyError:
             raise
-        except Exception:
+        except Exception as exc:
             if run.cancel.is_set():  # the executor stops with its own exception when cancelled
                 raise JobInterrupted() from None
-            raise
+            full = storage_error(exc, "the merge work folder")
+            if full is None:
+                raise
+            raise full from None
         run.check_cancel()
         reporter.flush()
         return outcome
+
+    def _check_space(self, recipe: MergeRecipe, sources: dict[str, Path | LoraSource], run_dir: Path) -> None:
+        """INSUFFICIENT_STORAGE before anything is written: the output goes to the work folder, then (when the
+        artifact store is a local folder) it is copied into the store."""
+        size = merge_output_bytes(recipe, sources)
+        needs = [SpaceNeed(run_dir, size, "the merge work folder")]
+        store = self.models.store
+        if store.is_local:
+            needs.append(SpaceNeed(Path(store.root), size, "the artifact store"))
+        require_free_space(needs)
 
     def _unregister(self, model_id: str) -> None:
         try:

@@ -6,13 +6,16 @@ body in the same skeleton:
 - **accepted + slot**: the job is "held here" from the moment it is accepted, also while it waits for one of the
   replica's slots (a bounded semaphore), so a sweeper never dispatches it a second time;
 - **claim**: CREATED -> PREPARING; only one of several dispatches of the same job wins, the others return;
-- **heartbeat** while the body runs, so a sweeper can tell a live owner from a lost one;
+- **heartbeat** (a short lease, :mod:`alloy.jobs.liveness`) while the body runs, so a sweeper can tell a live
+  owner from a lost one; a beat that finds the job moved by someone else cancels the run (fencing);
 - **endings**: the body's result -> COMPLETED; an :class:`AlloyError` -> FAILED with its code; any other crash
   -> FAILED ``INTERNAL_ERROR``; a cancel (:class:`JobInterrupted`) -> requeued with an ``interrupted`` event;
-  a job moved by someone else meanwhile (a forced stop, a sweeper) is left as it is ("abandoned");
+  a job moved by someone else meanwhile (a forced stop, a sweeper) is left as it is ("abandoned"). Every ending
+  is written for the run's own attempt only, so a run that lost its job can never end the next attempt;
 - **undo**: what the body registered with :meth:`JobRun.on_undo` is undone unless the job COMPLETED, and what it
   registered with :meth:`JobRun.on_exit` always runs;
-- **sweeper** (:meth:`JobRunner.start_sweeper`) requeues its kind's lost jobs and hands them to ``dispatch``;
+- **sweeper** (:meth:`JobRunner.start_sweeper`) requeues its kind's lost jobs (``clean_lost_run`` removes
+  what the lost run left: scratch, staging, an output it registered) and hands them to ``dispatch``;
 - **drain** (:meth:`JobRunner.drain`): the shutdown hook cancels every running job, waits, and requeues what
   did not stop.
 
@@ -32,15 +35,22 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs.liveness import JobHeartbeat, OrphanSweeper
+from alloy.jobs.liveness import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_SWEEP_S,
+    HELD_STATES,
+    CleanLostRun,
+    JobHeartbeat,
+    OrphanSweeper,
+    requeue_lost,
+)
 from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
 
 logger = logging.getLogger("alloy.jobs")
 
 T = TypeVar("T")
 
-# The states a runner holds its job in (CREATED -> PREPARING is how it takes ownership).
-RUNNER_STATES = frozenset({JobState.PREPARING, JobState.RUNNING, JobState.EVALUATING})
+RUNNER_STATES = HELD_STATES  # the states a runner holds its job in (CREATED -> PREPARING takes ownership)
 
 
 class JobInterrupted(Exception):
@@ -54,6 +64,7 @@ class JobRun:
     jobs: JobStore
     record: JobRecord
     cancel: threading.Event
+    lost: threading.Event = field(default_factory=threading.Event)  # set (with cancel) when the run is fenced
     _undo: list[Callable[[], None]] = field(default_factory=list)
     _exit: list[Callable[[], None]] = field(default_factory=list)
 
@@ -65,8 +76,13 @@ class JobRun:
         if self.cancel.is_set():
             raise JobInterrupted()
 
+    @property
+    def attempt(self) -> int:
+        return self.record.attempts
+
     def transition(self, state: JobState, **fields: Any) -> JobRecord:
-        return self.jobs.transition(self.job_id, state, **fields)
+        """Move this run's job (CONFLICT once someone else requeued it: the run then stops as abandoned)."""
+        return self.jobs.transition(self.job_id, state, attempt=self.attempt, **fields)
 
     def on_undo(self, action: Callable[[], None]) -> None:
         """Run ``action`` if the job does not end COMPLETED (e.g. unregister an output registered early)."""
@@ -89,14 +105,17 @@ class JobRunner:
         kind: JobKind,
         body: JobBody,
         *,
-        heartbeat_s: float = 5.0,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         claim_progress: dict[str, Any] | None = None,
         slots: int = 0,
+        clean_lost_run: CleanLostRun | None = None,
     ):
         self.jobs, self.kind, self.body = jobs, kind, body
         self.heartbeat_s = heartbeat_s
+        self.clean_lost_run = clean_lost_run
         self.claim_progress = claim_progress or {"stage": "preparing"}
         self.running: dict[str, threading.Event] = {}  # job id -> its cancel event
+        self._attempts: dict[str, int] = {}  # job id -> the attempt this runner holds
         self.accepted: set[str] = set()  # queued for a slot or running: held by this runner
         self.sweeper: OrphanSweeper | None = None
         self._slots: threading.BoundedSemaphore | None = None
@@ -134,33 +153,39 @@ class JobRunner:
             return self.jobs.get(job_id)
         with self._lock:
             self.running[job_id] = cancel
+            self._attempts[job_id] = record.attempts
         run = JobRun(self.jobs, record, cancel)
-        heartbeat = JobHeartbeat(self.jobs, job_id, self.heartbeat_s)
+        attempt = record.attempts
+        heartbeat = JobHeartbeat(self.jobs, job_id, self.heartbeat_s, attempt=attempt, on_lost=lambda: self._fence(run))
         completed = False
         try:
             heartbeat.start()
             result = self.body(run)
             heartbeat.stop()
-            done = self.jobs.complete(job_id, result)
+            done = self.jobs.complete(job_id, result, attempt=attempt)
             completed = True
             return done
         except JobInterrupted:
-            return self._end(
-                run, lambda: self.jobs.requeue(job_id, f"replica shutting down: {self.kind.value} job interrupted")
-            )
+            if self._lost_ownership(run):
+                return self._abandoned(run)
+            reason = f"replica shutting down: {self.kind.value} job interrupted"
+            return self._end(run, lambda: self.jobs.requeue(job_id, reason, attempt=attempt))
         except AlloyError as exc:
-            if exc.code is ErrorCode.CONFLICT and self._lost_ownership(run):
+            if self._lost_ownership(run):
                 return self._abandoned(run)
             code, message = exc.code, exc.message
-            return self._end(run, lambda: self.jobs.fail(job_id, code, message))
+            return self._end(run, lambda: self.jobs.fail(job_id, code, message, attempt=attempt))
         except Exception as exc:
+            if self._lost_ownership(run):
+                return self._abandoned(run)
             logger.exception("%s job %s crashed", self.kind.value, job_id)
             message = f"{self.kind.value} failed: {type(exc).__name__}: {exc}"
-            return self._end(run, lambda: self.jobs.fail(job_id, ErrorCode.INTERNAL_ERROR, message))
+            return self._end(run, lambda: self.jobs.fail(job_id, ErrorCode.INTERNAL_ERROR, message, attempt=attempt))
         finally:
             heartbeat.stop()
             with self._lock:
                 self.running.pop(job_id, None)
+                self._attempts.pop(job_id, None)
             if not completed:
                 _run_all(run._undo, "undo", job_id)
             _run_all(run._exit, "exit", job_id)
@@ -179,6 +204,13 @@ class JobRunner:
             return move()
         except AlloyError:
             return self.jobs.get(run.job_id)
+
+    def _fence(self, run: JobRun) -> None:
+        """The heartbeat found the job moved by someone else (its lease lapsed and a sweeper requeued it, or a
+        forced stop did): stop this run at its next cancel point; it then gives the job up."""
+        logger.warning("%s job %s: this run lost its lease; stopping it", self.kind.value, run.job_id)
+        run.lost.set()
+        run.cancel.set()
 
     def _lost_ownership(self, run: JobRun) -> bool:
         """Whether someone else moved the job while this run held it: requeued (a forced stop, a sweeper, the
@@ -212,11 +244,15 @@ class JobRunner:
         deadline = time.monotonic() + grace_s
         while self.running and time.monotonic() < deadline:
             time.sleep(0.1)
-        for job_id in list(self.running):
+        with self._lock:
+            left = dict(self._attempts)
+        for job_id, attempt in left.items():
             try:
-                self.jobs.requeue(job_id, f"replica shut down during the {self.kind.value} job")
+                current = self.jobs.get(job_id)
             except AlloyError:
-                logger.exception("could not requeue %s job %s", self.kind.value, job_id)
+                continue
+            if current.attempts == attempt:  # still this runner's: one interruption, one attempt
+                requeue_lost(self.jobs, current, f"replica shut down during the {self.kind.value} job")
         return interrupted
 
     def start_sweeper(
@@ -224,11 +260,11 @@ class JobRunner:
         *,
         stale_after_s: float,
         dispatch: Callable[[str], None],
-        interval_s: float = 30.0,
+        interval_s: float = DEFAULT_SWEEP_S,
         first_after_s: float = 1.0,
     ) -> OrphanSweeper:
-        """Requeue this kind's jobs whose owner went silent and ``dispatch`` them again, periodically; the jobs
-        accepted here are never taken for lost."""
+        """Requeue this kind's jobs whose owner went silent (removing what their lost runs left) and ``dispatch``
+        them again, periodically; the jobs accepted here are never taken for lost."""
         self.sweeper = OrphanSweeper(
             self.jobs,
             self.kind,
@@ -237,6 +273,7 @@ class JobRunner:
             dispatch=dispatch,
             interval_s=interval_s,
             first_after_s=first_after_s,
+            clean=self.clean_lost_run,
         ).start()
         return self.sweeper
 

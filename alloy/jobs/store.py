@@ -154,24 +154,29 @@ class JobStore:
             session.add(JobEventRow(job_id=job_id, event="created", to_state=JobState.CREATED.value, at=now))
         return JobRecord.from_row(row)
 
-    def transition(self, job_id: str, state: JobState | str, **fields: Any) -> JobRecord:
-        """Move a job forward (see LEGAL_MOVES). ``fields``: ``progress`` (merged), ``result``, ``error``."""
+    def transition(self, job_id: str, state: JobState | str, *, attempt: int | None = None, **fields: Any) -> JobRecord:
+        """Move a job forward (see LEGAL_MOVES). ``fields``: ``progress`` (merged), ``result``, ``error``.
+        ``attempt``: only if the job is still at that attempt (a runner's own moves: CONFLICT once requeued)."""
         target = JobState(state)
         unknown = set(fields) - TRANSITION_FIELDS
         if unknown:
             raise TypeError(f"transition() got unexpected fields {sorted(unknown)}")
-        return self._move(job_id, target, lambda current: target in LEGAL_MOVES[current], fields)
+        return self._move(job_id, target, lambda current: target in LEGAL_MOVES[current], fields, attempt=attempt)
 
-    def complete(self, job_id: str, result: dict[str, Any]) -> JobRecord:
-        return self.transition(job_id, JobState.COMPLETED, result=result, progress={"percent": 100.0})
+    def complete(self, job_id: str, result: dict[str, Any], *, attempt: int | None = None) -> JobRecord:
+        return self.transition(job_id, JobState.COMPLETED, attempt=attempt, result=result, progress={"percent": 100.0})
 
-    def fail(self, job_id: str, code: ErrorCode | str, message: str) -> JobRecord:
+    def fail(self, job_id: str, code: ErrorCode | str, message: str, *, attempt: int | None = None) -> JobRecord:
         code = code.value if isinstance(code, ErrorCode) else str(code)
-        return self.transition(job_id, JobState.FAILED, error={"code": code, "message": message})
+        return self.transition(job_id, JobState.FAILED, attempt=attempt, error={"code": code, "message": message})
 
-    def requeue(self, job_id: str, reason: str) -> JobRecord:
-        """Put a non-terminal job back to CREATED so it is replayed (recovery after an interruption)."""
-        return self._move(job_id, JobState.CREATED, lambda current: not current.terminal, {}, reason=reason)
+    def requeue(self, job_id: str, reason: str, *, attempt: int | None = None) -> JobRecord:
+        """Put a non-terminal job back to CREATED so it is replayed (recovery after an interruption).
+        ``attempt``: only if the job is still at that attempt (CONFLICT otherwise), so that two who saw the same
+        lost run never count its interruption twice."""
+        return self._move(
+            job_id, JobState.CREATED, lambda current: not current.terminal, {}, reason=reason, attempt=attempt
+        )
 
     def update_progress(self, job_id: str, **progress: Any) -> JobRecord:
         """Merge keys into the job's progress (percent, tensors_done, bytes_done, generation, best, ...)."""
@@ -193,13 +198,21 @@ class JobStore:
         raise _conflict(job_id, "?", "progress", "kept changing state during")
 
     def _move(
-        self, job_id: str, target: JobState, allowed, fields: dict[str, Any], reason: str | None = None
+        self,
+        job_id: str,
+        target: JobState,
+        allowed,
+        fields: dict[str, Any],
+        reason: str | None = None,
+        attempt: int | None = None,
     ) -> JobRecord:
         with self.db.session() as session:
             row = self._row(session, job_id)
             current = JobState(row.state)
             if not allowed(current):
                 raise _conflict(job_id, current.value, target.value)
+            if attempt is not None and row.attempts != attempt:
+                raise _conflict(job_id, current.value, target.value, f"attempt {attempt} is over ({row.attempts}):")
             now = utcnow()
             values: dict[str, Any] = {"state": target.value, "updated_at": now}
             if "progress" in fields:
@@ -220,7 +233,7 @@ class JobStore:
                 event = "replayed"
             changed = session.execute(
                 update(JobRow)
-                .where(JobRow.id == job_id, JobRow.state == current.value)
+                .where(JobRow.id == job_id, JobRow.state == current.value, JobRow.attempts == row.attempts)
                 .values(**values)
                 .execution_options(synchronize_session=False)
             ).rowcount

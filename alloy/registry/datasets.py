@@ -114,7 +114,9 @@ class DatasetRegistry:
         with tempfile.TemporaryDirectory(prefix="alloy-dataset-") as scratch:
             for name, (table, _) in tables.items():
                 pq.write_table(table, Path(scratch) / f"{name}.parquet")
-            infos = {i.key: i for i in self.store.put_dir(prefix, scratch, overwrite=True)}
+            # Never over a published folder: one without a record is an unfinished registration's, which the
+            # next start's consistency check removes.
+            infos = {i.key: i for i in self.store.put_dir(prefix, scratch)}
         self.catalog.record(infos.values(), kind="dataset", owner=owner)
         split_infos = {}
         for name, (table, source_format) in tables.items():
@@ -136,8 +138,12 @@ class DatasetRegistry:
         try:
             with self.db.session() as session:
                 session.add(row)
-        except IntegrityError:
-            raise self._already_exists(dataset_id) from None
+        except BaseException as exc:
+            self.store.delete_prefix(prefix)  # nothing may stay published without its record
+            self.catalog.forget_prefix(prefix)
+            if isinstance(exc, IntegrityError):
+                raise self._already_exists(dataset_id) from None
+            raise
         return DatasetRecord.from_row(row)
 
     @staticmethod

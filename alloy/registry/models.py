@@ -1,5 +1,11 @@
 """The model registry: Hugging Face-layout folders described from ``config.json`` and the safetensors headers
-(never a weight load, never an unpickle) and stored through the ArtifactStore under ``models/<id>/``."""
+(never a weight load, never an unpickle) and stored through the ArtifactStore under ``models/<id>/``.
+
+Integrity: each file's size and sha256 is recorded at registration (hashed while it is copied into the store,
+or read in place) and :meth:`ModelRegistry.local_dir`, the one way every engine gets a model's files, verifies
+the folder against it (once per process and file version, :class:`alloy.storage.integrity.FileVerifier`). A
+damaged model is marked ``broken`` (as the start-up consistency check marks one) and refused as an input, by
+``local_dir`` and ``manifest`` alike, until it is registered again."""
 
 from __future__ import annotations
 
@@ -19,11 +25,12 @@ from alloy.model_manifest import PICKLE_SUFFIXES, ModelManifest
 from alloy.registry.adapters import ADAPTER_MODEL_TYPE, Kind, read_entry_manifest
 from alloy.registry.ids import check_id, namespace_clashes
 from alloy.storage.artifact_catalog import ArtifactCatalog
-from alloy.storage.artifacts import ArtifactStore
+from alloy.storage.artifacts import ArtifactStore, CorruptArtifact
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import ModelRow
 from alloy.storage.db.page import check_paging
 from alloy.storage.db.types import utcnow
+from alloy.storage.integrity import Damage, FileRecord, FileVerifier, damaged_model, digest_files
 
 if TYPE_CHECKING:
     from alloy.config import Settings
@@ -50,6 +57,7 @@ class ModelRecord(BaseModel):
     owner: str | None
     lineage: dict[str, Any] | None
     created_at: datetime
+    broken: str | None = None  # why the model is refused as an input (damaged or missing files); None: usable
 
     @classmethod
     def from_row(cls, row: ModelRow) -> ModelRecord:
@@ -87,6 +95,7 @@ class ModelRegistry:
         self.data_dir = Path(data_dir).resolve()
         self.allowed_roots = [Path(root).resolve() for root in model_roots] + [self.data_dir]
         self.cache_dir = self.data_dir / "cache" / "models"
+        self.verifier = FileVerifier()
 
     @classmethod
     def from_settings(cls, settings: Settings, db: Database, store: ArtifactStore) -> ModelRegistry:
@@ -111,19 +120,27 @@ class ModelRegistry:
         self._refuse_taken(model_id)
         artifact_key = self._artifact_key(source)
         source_path: Path | None = None
+        published: str | None = None  # the folder this registration published (removed again if it fails)
         if artifact_key is not None:
             manifest = read_entry_manifest(self._fetch_artifact(model_id, artifact_key), model_id, kind)
             prefix = artifact_key
+            files = {
+                info.key[len(prefix) + 1 :]: FileRecord(size=info.size, sha256=info.sha256 or "")
+                for info in self.store.dir_manifest(prefix)
+            }
         else:
             source_path = self._confined_local(source)
             manifest = read_entry_manifest(source_path, model_id, kind)  # refuses pickles: "safetensors only"
+            names = files_to_copy(source_path)
             prefix = None
             if copy_into_store:
-                prefix = f"{MODELS_PREFIX}/{model_id}"
-                # No row exists for this id, so anything under the prefix is a crashed registration's leftover.
-                infos = self.store.put_dir(prefix, source_path, files=files_to_copy(source_path), overwrite=True)
+                prefix = published = f"{MODELS_PREFIX}/{model_id}"
+                infos = self._publish(model_id, prefix, source_path, names)  # hashed while copied
                 self.catalog.record(infos, kind="model", owner=owner)
+                files = {info.key[len(prefix) + 1 :]: FileRecord(size=info.size, sha256=info.sha256) for info in infos}
                 source_path = None
+            else:
+                files = digest_files(source_path, names)  # registered in place: hashed once, here
         row = ModelRow(
             id=model_id,
             architecture=manifest.architecture,
@@ -142,13 +159,35 @@ class ModelRegistry:
             owner=owner,
             lineage=lineage,
             created_at=utcnow(),
+            files={name: record.model_dump() for name, record in files.items()},
+            broken=None,
         )
         try:
             with self.db.session() as session:
                 session.add(row)
-        except IntegrityError:
-            raise self._already_exists(model_id) from None
+        except BaseException as exc:
+            if published is not None:  # nothing may stay published without its record
+                self.store.delete_prefix(published)
+                self.catalog.forget_prefix(published)
+            if isinstance(exc, IntegrityError):
+                raise self._already_exists(model_id) from None
+            raise
         return ModelRecord.from_row(row)
+
+    def _publish(self, model_id: str, prefix: str, source: Path, names: list[str]):
+        """Copy into the store; never over a published folder (one without a record is an unfinished
+        registration's: the next start's consistency check removes it)."""
+        try:
+            return self.store.put_dir(prefix, source, files=names)
+        except AlloyError as exc:
+            if exc.code is not ErrorCode.ALREADY_EXISTS:
+                raise
+            raise AlloyError(
+                ErrorCode.ALREADY_EXISTS,
+                f"model {model_id!r}: files of an unfinished registration of this id are still in the store; "
+                "they are removed at the next start",
+                {"model_id": model_id},
+            ) from None
 
     def _already_exists(self, model_id: str) -> AlloyError:
         return AlloyError(ErrorCode.ALREADY_EXISTS, f"model {model_id!r} already exists", {"model_id": model_id})
@@ -229,22 +268,107 @@ class ModelRegistry:
             )
 
     def manifest(self, model_id: str) -> ModelManifest:
+        """The manifest of a model taken as an input (merge and evaluation validation): a broken one is refused."""
         with self.db.session() as session:
-            return ModelManifest.model_validate(self._row(session, model_id).manifest)
+            row = self._row(session, model_id)
+            if row.broken:
+                raise damaged_model(model_id, row.broken)
+            return ModelManifest.model_validate(row.manifest)
 
     def local_dir(self, model_id: str) -> Path:
-        """A local folder holding the model's files: the folder itself (local store, or registered in place), or
-        a verified download from S3 into ``<data_dir>/cache/models/<id>``."""
-        record = self.get(model_id)
-        if record.source_path is not None:
-            return Path(record.source_path)
-        local = self.store.local_path(record.artifact_prefix)
+        """A local folder holding the model's verified files: the folder itself (local store, or registered in
+        place), or a verified download from S3 into ``<data_dir>/cache/models/<id>``. A damaged model is marked
+        broken and refused (the error names the model and the file)."""
+        with self.db.session() as session:
+            row = self._row(session, model_id)
+            broken, files = row.broken, row.files
+            source_path, prefix = row.source_path, row.artifact_prefix
+        if broken:
+            raise damaged_model(model_id, broken)
+        folder = self._folder(model_id, source_path, prefix)
+        expected = self._expected_files(model_id, folder, files, prefix)
+        damage = self.verifier.check(folder, expected)
+        if damage is not None:
+            self.mark_broken(model_id, damage.describe())
+            raise damaged_model(model_id, damage)
+        return folder
+
+    def _folder(self, model_id: str, source_path: str | None, prefix: str | None) -> Path:
+        if source_path is not None:
+            return Path(source_path)
+        assert prefix is not None
+        local = self.store.local_path(prefix)
         if local is not None:
             return local
         cached = self._cache_path(model_id)
         if not cached.is_dir():  # get_dir publishes by rename: an existing folder is complete
-            self.store.get_dir(record.artifact_prefix, cached)
+            try:
+                self.store.get_dir(prefix, cached)  # verifies every sha256 while it downloads
+            except CorruptArtifact as exc:
+                damage = Damage(file=exc.key[len(prefix) + 1 :], reason="does not match its sha256 in the store")
+                self.mark_broken(model_id, damage.describe())
+                raise damaged_model(model_id, damage) from None
         return cached
+
+    def _expected_files(
+        self, model_id: str, folder: Path, files: dict[str, Any] | None, prefix: str | None
+    ) -> dict[str, FileRecord]:
+        if files is not None:
+            return {name: FileRecord.model_validate(record) for name, record in files.items()}
+        if prefix is not None:  # registered before files were recorded: the folder manifest of the store
+            return {
+                info.key[len(prefix) + 1 :]: FileRecord(size=info.size, sha256=info.sha256 or "")
+                for info in self.store.dir_manifest(prefix)
+            }
+        # Registered in place before files were recorded: trust the files as they are now, once, and record them.
+        recorded = digest_files(folder, files_to_copy(folder))
+        with self.db.session() as session:
+            self._row(session, model_id).files = {name: r.model_dump() for name, r in recorded.items()}
+        return recorded
+
+    # -- integrity ------------------------------------------------------------------------------------------
+    def verify(self, model_id: str) -> str | None:
+        """Why the model's files are not what was registered (every file hashed afresh), or None: the start-up
+        consistency check. Marks nothing; see :meth:`set_broken`."""
+        with self.db.session() as session:
+            row = self._row(session, model_id)
+            files, source_path, prefix = row.files, row.source_path, row.artifact_prefix
+        folder = Path(source_path) if source_path is not None else self.store.local_path(prefix or "")
+        if folder is None or not folder.is_dir():
+            return None if folder is None else "the model folder is missing"
+        if files is None and source_path is not None:
+            return None  # nothing recorded to check against yet (recorded at its first use)
+        expected = self._expected_files(model_id, folder, files, prefix)
+        damage = self.verifier.check(folder, expected, remember=False)
+        return damage.describe() if damage is not None else None
+
+    def mark_broken(self, model_id: str, reason: str) -> None:
+        self.set_broken(model_id, reason)
+
+    def set_broken(self, model_id: str, reason: str | None) -> None:
+        """Mark the model refused as an input (``reason``) or usable again (None)."""
+        with self.db.session() as session:
+            row = session.get(ModelRow, model_id)
+            if row is not None and row.broken != reason:
+                row.broken = reason[:2000] if reason else None
+
+    def discard_unfinished(self, model_id: str, job_id: str) -> list[str]:
+        """Remove what a lost run of job ``job_id`` left of its output ``model_id``: staging leftovers of its
+        copy into the store, a published folder without a record (killed between the rename and the commit),
+        or the registration itself when that very job made it (killed before COMPLETED). Returns what went."""
+        prefix = f"{MODELS_PREFIX}/{model_id}"
+        removed = [f"{count} staging folders"] if (count := self.store.discard_staging(prefix)) else []
+        with self.db.session() as session:
+            row = session.get(ModelRow, model_id)
+            registered_by_job = row is not None and (row.lineage or {}).get("job_id") == job_id
+            unrecorded = row is None
+        if registered_by_job:
+            self.delete(model_id)
+            removed.append(f"model {model_id}")
+        elif unrecorded and self.store.delete_prefix(prefix):
+            self.catalog.forget_prefix(prefix)
+            removed.append(prefix)
+        return removed
 
     # -- delete ---------------------------------------------------------------------------------------------
     def delete(self, model_id: str) -> None:

@@ -3,7 +3,9 @@
 
 Publishing is atomic. A single object is streamed to a hidden staging key and then moved into place (a rename
 locally; on S3 an object only appears once its upload completes). A folder (``put_dir``) is staged as a whole and
-then published: locally with one directory rename; on S3, where folders cannot be renamed, files are copied next
+then published: locally with one directory rename, after every file and folder of the staging area was
+fsynced (and the parent folder after the rename), so that a power loss after the catalogue commit never finds a
+record whose files are empty or missing; on S3, where folders cannot be renamed, files are copied next
 to a ``.alloy-pending`` marker that hides them until the directory manifest (``.alloy-dir.json``, with every
 file's size and sha256) is written and the marker removed. A crash at any point leaves nothing visible.
 
@@ -26,48 +28,35 @@ from typing import IO, TYPE_CHECKING, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
-from pydantic import BaseModel
 
 from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
+from alloy.storage.artifact_keys import (
+    DIR_MANIFEST,
+    PENDING_MARKER,
+    RESERVED_NAMES,
+    STAGING,
+    ArtifactInfo,
+    CorruptArtifact,
+    check_key,
+    staging_tag,
+)
 from alloy.storage.db.types import utcnow
+from alloy.storage.durable import fsync_dir, fsync_tree, write_file
 
 if TYPE_CHECKING:
     from alloy.config import Settings
 
-STAGING = ".staging"
-DIR_MANIFEST = ".alloy-dir.json"
-PENDING_MARKER = ".alloy-pending"
-RESERVED_NAMES = frozenset({STAGING, DIR_MANIFEST, PENDING_MARKER})
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
-MAX_KEY_LENGTH = 1024
 
-
-class ArtifactInfo(BaseModel):
-    key: str
-    uri: str
-    size: int
-    sha256: str | None = None  # known for everything this store wrote; None for foreign objects
-
-
-def check_key(key: str, *, allow_root: bool = False) -> str:
-    """A relative, normalised POSIX key: no absolute paths, no ``..``, no reserved names."""
-    if not isinstance(key, str):
-        raise validation_failed("artifact key must be a string")
-    if allow_root:  # a prefix: "" is the whole store, a trailing "/" is tolerated
-        key = key.rstrip("/")
-        if key == "":
-            return ""
-    parts = key.split("/")
-    if (
-        not key
-        or len(key) > MAX_KEY_LENGTH
-        or key.startswith("/")
-        or "\\" in key
-        or "\x00" in key
-        or any(part in ("", ".", "..") or part in RESERVED_NAMES for part in parts)
-    ):
-        raise validation_failed("invalid artifact key: relative POSIX path without '..' or reserved names", key=key)
-    return key
+__all__ = [
+    "DIR_MANIFEST",
+    "PENDING_MARKER",
+    "STAGING",
+    "ArtifactInfo",
+    "ArtifactStore",
+    "CorruptArtifact",
+    "check_key",
+]
 
 
 def _chunks_of(handle: IO[bytes], chunk_bytes: int) -> Iterator[bytes]:
@@ -137,14 +126,19 @@ class ArtifactStore:
         """The file or folder of a key on disk, for a local store; None for remote stores."""
         return Path(self._path(key)) if self.is_local else None
 
-    def _staging_path(self) -> str:
-        return f"{self.root}/{STAGING}/{uuid.uuid4().hex}"
+    def _staging_path(self, prefix: str | None = None) -> str:
+        """A fresh staging folder; named after the ``prefix`` it will publish, so that the leftovers of one
+        writer can be found and removed (:meth:`discard_staging`)."""
+        tag = f"{staging_tag(prefix)}." if prefix else ""
+        return f"{self.root}/{STAGING}/{tag}{uuid.uuid4().hex}"
 
     # -- writes ---------------------------------------------------------------------------------------------
     def _write(self, path: str, chunks: Iterable[bytes]) -> tuple[int, str]:
         digest, size = hashlib.sha256(), 0
         if self.is_local:
             self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        if self.is_local:  # fsynced: the rename that publishes it must never outrun its bytes
+            return write_file(path, chunks)
         with self.fs.open(path, "wb") as handle:
             for chunk in chunks:
                 handle.write(chunk)
@@ -168,6 +162,8 @@ class ArtifactStore:
             if self.is_local:
                 self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
             self.fs.mv(staging, final)
+            if self.is_local:
+                fsync_dir(posixpath.dirname(final))
         except BaseException:
             self._discard(staging)
             raise
@@ -203,7 +199,7 @@ class ArtifactStore:
                     ErrorCode.ALREADY_EXISTS, f"artifact folder {prefix!r} already exists", {"prefix": prefix}
                 )
             self.delete_prefix(prefix)
-        staging = self._staging_path()
+        staging = self._staging_path(prefix)
         try:
             entries = []
             for name in names:
@@ -228,8 +224,11 @@ class ArtifactStore:
 
     def _publish_dir(self, staging: str, final: str, names: list[str]) -> None:
         if self.is_local:
-            self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+            fsync_tree(staging)  # the entries of every staged folder are durable before the rename
+            parent = posixpath.dirname(final)
+            self.fs.makedirs(parent, exist_ok=True)
             os.rename(staging, final)  # atomic on one filesystem; fails rather than merging into a folder
+            fsync_dir(parent)  # the rename itself is durable before the caller commits the catalogue
             return
         self._write(f"{final}/{PENDING_MARKER}", [b""])
         for name in names:
@@ -334,7 +333,7 @@ class ArtifactStore:
                         digest.update(chunk)
                         sink.write(chunk)
                 if digest.hexdigest() != info.sha256:
-                    raise AlloyError(ErrorCode.INTERNAL_ERROR, f"artifact {info.key!r} is corrupt (sha256 mismatch)")
+                    raise CorruptArtifact(info.key)
             if dest.exists():
                 shutil.rmtree(dest)
             os.rename(partial, dest)
@@ -362,6 +361,21 @@ class ArtifactStore:
         count = len(self.fs.find(base))
         self.fs.rm(base, recursive=True)
         return count
+
+    def discard_staging(self, prefix: str) -> int:
+        """Remove the staging leftovers of writes to ``prefix`` (a writer killed while it copied); returns how
+        many. Only for a prefix no live writer is publishing (e.g. the output of a job whose run was lost)."""
+        base = f"{self.root}/{STAGING}"
+        if not self.fs.exists(base):
+            return 0
+        tag = staging_tag(check_key(prefix))
+        removed = 0
+        for path in self.fs.ls(base, detail=False):
+            name = posixpath.basename(str(path).rstrip("/"))
+            if name.rsplit(".", 1)[0] == tag:
+                self._discard(str(path))
+                removed += 1
+        return removed
 
     def gc_staging(self, older_than_s: float = 3600.0) -> int:
         """Remove staging leftovers of crashed writers (older than ``older_than_s``)."""

@@ -194,11 +194,12 @@ def test_cancel_stops_a_running_evolution(alloy_service, completed_evolution):
 
 def test_an_evolution_whose_engine_replica_dies_is_requeued_and_resumes(alloy_service, completed_evolution):
     """The EvolutionEngine replica driving the search is killed outright (no shutdown hook): Serve starts a new
-    replica, whose sweeper finds the job's heartbeat stale (30 s in the test app), requeues it with an
-    ``interrupted`` event and dispatches it again; the replay continues the Tune run (Tuner.restore)."""
+    replica, whose sweeper finds the job's lease lapsed (10 s in the test app), requeues it with an
+    ``interrupted`` event (one attempt) and dispatches it again within 30 s of the kill; the replay continues the
+    Tune run (Tuner.restore)."""
     import ray
 
-    from tests.e2e.test_serve_merge import _replica_actor
+    from tests.e2e.test_serve_merge import _replica_actor, assert_recovered_once
 
     client = alloy_service.client("write")
     request = tiny_request("tiny evolution, engine replica killed")
@@ -216,20 +217,19 @@ def test_an_evolution_whose_engine_replica_dies_is_requeued_and_resumes(alloy_se
     view = client.get(url).json()
     assert view["state"] == "RUNNING" and 6 <= view["trials"] < 18, view
     ray.kill(_replica_actor("EvolutionEngine"), no_restart=True)
+    killed_at = time.time()
 
     final = poll_evolution(client, url, until=TERMINAL, timeout_s=420)[-1]
     assert final["state"] == "COMPLETED", final["error"]
-    assert final["attempts"] >= 1 and final["resumed_from_checkpoint"] is True, final
+    recovered_s = assert_recovered_once(alloy_service, {**final, "job_id": accepted.json()["job_id"]}, killed_at)
+    print(f"evolution replayed {recovered_s:.1f}s after the kill, COMPLETED {time.time() - killed_at:.1f}s after it")
+    assert final["resumed_from_checkpoint"] is True, final
     search = final["result"]["search"]
     # Continued, not restarted: the same Tune trials (a fresh run would add 18 candidates under new trial ids),
     # each re-running at most the generation of its own checkpoint (3 trials).
     assert search["resumed"] is True and search["candidates"] == 18, search
     assert search["evaluated_this_run"] <= 18 - 6 + 3, search
     assert final["generation"] == 6
-    events = _job_events(alloy_service, accepted.json()["job_id"])
-    interrupted = [e for e in events if e.event == "interrupted"]
-    assert interrupted and "owner lost" in interrupted[0].reason, events
-    assert "replayed" in [e.event for e in events]
 
 
 def test_a_cmaes_evolution_runs_end_to_end(alloy_service, completed_evolution):
@@ -254,17 +254,6 @@ def test_a_cmaes_evolution_runs_end_to_end(alloy_service, completed_evolution):
 
 def _latest_snapshot_mtime(experiment: Path) -> float:
     return max((state.stat().st_mtime for state in experiment.glob("experiment_state-*.json")), default=0.0)
-
-
-def _job_events(alloy_service, job_id: str):
-    from alloy.jobs.store import JobStore
-    from alloy.storage.db import Database
-
-    db = Database(alloy_service.database_url)
-    try:
-        return JobStore(db).events(job_id)
-    finally:
-        db.close()
 
 
 def test_post_evolutions_counts_against_the_jobs_rate_limit(alloy_service):

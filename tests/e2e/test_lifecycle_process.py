@@ -198,8 +198,9 @@ def test_kill_9_of_the_whole_cluster_during_a_merge_then_restart_completes_it(op
     assert not operator.models.exists("killed-merged")
 
     status = operator.cli("status", "--json", timeout_s=60)
-    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "READY"  # as the dead cluster left it
-    assert json.loads(status.stdout)["pid"] is None
+    assert json.loads(status.stdout)["state"] == "READY"  # as the dead cluster left it ...
+    assert json.loads(status.stdout)["pid"] is None and json.loads(status.stdout)["alive"] is False
+    assert status.returncode == 1 and "the cluster is dead" in status.stderr  # ... but dead, and says so
 
     operator.start()
     start = ClusterStateStore(operator.db).get().last_start

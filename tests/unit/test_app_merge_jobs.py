@@ -231,9 +231,9 @@ def test_the_scratch_folder_is_gone_by_the_time_the_job_reads_completed(world):
     seen_at_completion: list[list[Path]] = []
 
     class ObservingJobStore(JobStore):
-        def complete(self, job_id, result):
+        def complete(self, job_id, result, **kwargs):
             seen_at_completion.append(leftovers(world))
-            return super().complete(job_id, result)
+            return super().complete(job_id, result, **kwargs)
 
     runner = MergeJobRunner(ObservingJobStore(world["db"]), world["registry"], world["tmp"] / "work", heartbeat_s=0.2)
     record = runner.run(submit(world, ties_request("tidy")))

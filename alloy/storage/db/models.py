@@ -40,6 +40,10 @@ class ModelRow(Base):
     owner: Mapped[str | None] = mapped_column(String(128), index=True)
     lineage: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Integrity: each file's size and sha256 at registration (name -> {size, sha256}), checked before reads;
+    # why the model cannot be used (damaged or missing files), or NULL when it can.
+    files: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
+    broken: Mapped[str | None] = mapped_column(Text)
 
 
 class DatasetRow(Base):
