@@ -108,14 +108,21 @@ def test_unknown_job_read_only_key_and_admin_scope(alloy_service, served_models)
     assert alloy_service.client("write").delete("/admin/cache").status_code == 403
 
 
-def _replica_actor(deployment: str):
+def _replica_actors(deployment: str) -> list:
     import ray
     from ray.util.state import list_actors
 
-    for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000):
-        if actor.class_name.endswith(f":{deployment}") or actor.class_name.endswith(f"#{deployment}"):
-            return ray.get_actor(actor.name, namespace=actor.ray_namespace or "serve")
-    raise AssertionError(f"no live replica of {deployment}")
+    actors = [
+        ray.get_actor(actor.name, namespace=actor.ray_namespace or "serve")
+        for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+        if actor.class_name.endswith(f":{deployment}") or actor.class_name.endswith(f"#{deployment}")
+    ]
+    assert actors, f"no live replica of {deployment}"
+    return actors
+
+
+def _replica_actor(deployment: str):
+    return _replica_actors(deployment)[0]
 
 
 def _job_state(alloy_service, job_id: str) -> str:
@@ -267,7 +274,10 @@ def test_kill_9_of_a_merge_engine_replica_mid_merge_recovers_within_30_s_and_lea
     while not (_job_state(alloy_service, job_id) == "RUNNING" and scratch_of(alloy_service, job_id, "phoenix")):
         assert time.monotonic() < deadline, _job_state(alloy_service, job_id)
         time.sleep(0.05)
-    ray.kill(_replica_actor("MergeEngine"), no_restart=True)
+    # Every MergeEngine replica (autoscaling may have started a second one under load): the one running the job
+    # is among them, and no other replica keeps the job's lease alive.
+    for replica in _replica_actors("MergeEngine"):
+        ray.kill(replica, no_restart=True)
     killed_at = time.time()
     assert scratch_of(alloy_service, job_id, "phoenix")  # the dead run's output folder, half written
 
