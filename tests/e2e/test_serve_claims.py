@@ -118,3 +118,24 @@ def test_no_submission_is_accepted_once_draining_begins(alloy_service, served_mo
     for body in accepted:
         assert alloy_service.wait_job(body["progress_url"])["state"] == "COMPLETED"
     db.close()
+
+
+def test_registering_an_id_an_active_merge_claims_is_409(alloy_service, served_models):
+    from alloy.errors import ErrorCode
+    from alloy.jobs.merge_request import MergeRequest, create_merge_job
+    from alloy.jobs.store import JobStore
+    from alloy.storage.db import Database
+
+    db = Database(alloy_service.database_url)
+    jobs = JobStore(db)
+    claim = create_merge_job(jobs, MergeRequest(**slerp("claimed-output")))  # written, never dispatched
+    try:
+        response = alloy_service.client("write").post(
+            "/models", json={"model_id": "claimed-output", "source": str(served_models["tune3"])}
+        )
+        assert response.status_code == 409, response.text
+        assert response.json()["error"]["details"]["job_id"] == claim.id
+    finally:
+        jobs.fail(claim.id, ErrorCode.CANCELLED, "test claim released")
+        db.close()
+    alloy_service.register_model("claimed-output", served_models["tune3"])  # free again
