@@ -133,3 +133,19 @@ def test_an_internal_error_reaches_clients_without_internals(alloy_service):
     }
     events = reader.get(f"/jobs/{job.id}/events").text
     assert "sqlite3" not in events and "/srv/alloy" not in events and "SELECT" not in events
+
+
+def test_a_last_event_id_past_every_integer_is_422(alloy_service):
+    from alloy.jobs.store import JobKind, JobStore
+    from alloy.storage.db import Database
+
+    db = Database(alloy_service.database_url)
+    try:
+        job = JobStore(db).create(JobKind.EVALUATION, {})
+        JobStore(db).fail(job.id, "CANCELLED", "only its history is read")
+    finally:
+        db.close()
+    headers = {"Accept": "text/event-stream", "Last-Event-ID": "9" * 30}
+    response = alloy_service.client("read").get(f"/jobs/{job.id}/events", headers=headers)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "VALIDATION_FAILED"
