@@ -157,7 +157,7 @@ class ClusterStateStore:
         holding the state row until the job's transaction ends. The touch is a write (``SET state = state`` on
         a READY row), so a concurrent move to DRAINING or STOPPING waits for the job to commit (and the
         graceful stop then waits for the job), or the job sees the new state and is refused: nothing is
-        accepted after DRAINING begins. Run it first in the transaction (SQLite takes its write lock here)."""
+        accepted after DRAINING begins."""
         touched = session.execute(
             update(ClusterStateRow)
             .where(ClusterStateRow.id == ROW_ID, ClusterStateRow.state == ClusterState.READY.value)

@@ -209,10 +209,10 @@ def create_merge_job(
     jobs: JobStore, request: MergeRequest, owner: str | None = None, *, guards: Sequence[Guard] = ()
 ) -> JobRecord:
     """The one way a merge job is written. In one transaction: the job with its claim on the output id (the
-    database's unique index over active jobs: a second active claim is ALREADY_EXISTS), ``guards`` (e.g. the
-    cluster-state gate) and the check that no registered model holds or nests with the id. The registry check
-    runs after the claim is written: a job that completes meanwhile has registered its model before it left
-    the active states, so one of the two checks sees it."""
+    database's unique index over active jobs: a second active claim is ALREADY_EXISTS), then ``guards`` (e.g.
+    the cluster-state gate) and the check that no registered model holds or nests with the id. The registry
+    check runs after the claim is written: a job that completes meanwhile has registered its model before it
+    left the active states, so one of the two checks sees it."""
     return jobs.create(
         JobKind.MERGE,
         request.model_dump(mode="json"),

@@ -161,9 +161,11 @@ class JobStore:
         guards: Iterable[Guard] = (),
     ) -> JobRecord:
         """Write a CREATED job. ``output_model_id`` claims that id for the job while it is active (another
-        active job holding it -> ALREADY_EXISTS). Each guard runs first, inside the same transaction, and may
-        refuse the job by raising: a submission gate that takes the cluster-state lock goes first, so no state
-        change can slip between its check and the job's commit."""
+        active job holding it -> ALREADY_EXISTS). Then each guard runs inside the same transaction and may
+        refuse the job by raising (nothing is written then). They run after the row, so that what they read is
+        ordered against the claim: on SQLite the insert holds the write lock, on PostgreSQL a concurrent claim
+        of the same id waits for this one, and a guard that locks a row (the cluster-state gate) keeps it
+        locked until the job is committed."""
         try:
             kind = JobKind(kind)
         except ValueError:
@@ -185,8 +187,6 @@ class JobStore:
             updated_at=now,
         )
         with self.db.session() as session:
-            for guard in guards:
-                guard(session)
             if session.get(JobRow, job_id) is not None:
                 raise AlloyError(ErrorCode.ALREADY_EXISTS, f"job {job_id!r} already exists", {"job_id": job_id})
             session.add(row)
@@ -194,6 +194,8 @@ class JobStore:
                 session.flush()
             except IntegrityError:
                 raise output_claimed(output_model_id) from None
+            for guard in guards:
+                guard(session)
             session.add(JobEventRow(job_id=job_id, event="created", to_state=JobState.CREATED.value, at=now))
         return JobRecord.from_row(row)
 
