@@ -107,3 +107,18 @@ def model_not_found(model_id: str) -> AlloyError:
 
 def not_found(kind: str, identifier: str) -> AlloyError:
     return AlloyError(ErrorCode.NOT_FOUND, f"{kind} {identifier!r} does not exist", {kind: identifier})
+
+
+# -- what a client may read of an internal failure -----------------------------------------------------------
+# An unexpected failure's own text (a library's message, a server path, SQL) is for the server log only; the
+# client gets this, with the reference under which the log has the detail (a request id or a job id).
+INTERNAL_MESSAGE = "internal error; the server log has the details under reference {reference}"
+
+
+def public_message(code: ErrorCode | str, message: str, reference: str | None) -> str:
+    """The message a client may see for an error with ``code``: its own for every spec and client error, the
+    generic :data:`INTERNAL_MESSAGE` for INTERNAL_ERROR (the one mechanism every client-facing path uses: the
+    HTTP error envelope and the error recorded on a FAILED job)."""
+    if getattr(code, "value", code) == ErrorCode.INTERNAL_ERROR.value:
+        return INTERNAL_MESSAGE.format(reference=reference or "unknown")
+    return message

@@ -79,6 +79,42 @@ ResourceId = Annotated[
 ]
 
 
+# A merge input: a model id, or ``base-id+adapter-id`` (a registered model with a registered LoRA adapter folded in;
+# ids never contain ``+``). Each part follows the id rule.
+MODEL_REFERENCE_PATTERN = rf"^{RESOURCE_ID_PATTERN[1:-1]}(?:\+{RESOURCE_ID_PATTERN[1:-1]})?$"
+
+
+def _check_model_reference(value: str) -> str:
+    for part in value.split("+"):
+        _check_resource_id(part)
+    return value
+
+
+ModelReference = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=2 * MAX_ID_LENGTH + 1, pattern=MODEL_REFERENCE_PATTERN),
+    AfterValidator(_check_model_reference),
+]
+
+
+# Free text and paths a client sends (a source path, a reason, a filter): bounded, and without control characters
+# (NUL included). They reach logs, file-system calls and database columns (PostgreSQL refuses NUL in text), so
+# they are refused at the boundary (422 VALIDATION_FAILED), and the OpenAPI document says so with this pattern.
+NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f]*$"
+MAX_TEXT_LENGTH = 200
+MAX_PATH_LENGTH = 1024  # a client's part of a path; the root it is resolved under must fit in PATH_MAX with it
+MAX_PATH_BYTES = 4095  # PATH_MAX less the NUL
+
+MAX_NAME_BYTES = 255  # a path component (NAME_MAX): a longer one is ENAMETOOLONG in every file-system call
+
+ShortText = Annotated[str, StringConstraints(max_length=MAX_TEXT_LENGTH, pattern=NO_CONTROL_CHARACTERS)]
+# A local path or an artifact URI: printable ASCII (so characters are bytes and NAME_MAX is a length the schema
+# can state), each component at most 255 of them, the whole at most 1024.
+_PATH_COMPONENT = rf"[\x20-\x2e\x30-\x7e]{{0,{MAX_NAME_BYTES}}}"
+SOURCE_PATH_PATTERN = rf"^(?:{_PATH_COMPONENT}/)*{_PATH_COMPONENT}$"
+SourcePath = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_LENGTH, pattern=SOURCE_PATH_PATTERN)]
+
+
 def confined_path(
     candidate: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]], *, kind: str = "path"
 ) -> Path:
@@ -89,11 +125,14 @@ def confined_path(
     where the candidate resolved to.
     """
     text = os.fspath(candidate)
-    if not text or "\x00" in text:
+    too_long = any(len(os.fsencode(part)) > MAX_NAME_BYTES for part in text.split("/"))
+    if not text or "\x00" in text or too_long:
         raise AlloyError(ErrorCode.VALIDATION_FAILED, f"invalid {kind}", {"field": kind})
     allowed = [Path(root).resolve() for root in roots]
     for root_path in allowed:
         resolved = (root_path / text).resolve()  # an absolute candidate replaces root_path here
+        if len(os.fsencode(resolved)) > MAX_PATH_BYTES:  # ENAMETOOLONG for every file-system call
+            raise AlloyError(ErrorCode.VALIDATION_FAILED, f"invalid {kind}: too long", {"field": kind})
         if resolved == root_path or root_path in resolved.parents:
             return resolved
     raise outside_roots(kind, allowed)

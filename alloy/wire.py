@@ -7,16 +7,57 @@ Pure pydantic: nothing here imports FastAPI, Ray or Serve, so ``alloy.client`` c
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from alloy.evaluation.results import EvalResult
-from alloy.ids import ResourceId
-from alloy.jobs.merge_request import EvaluateSpec, MergeRequest  # noqa: F401 - re-exported
-from alloy.jobs.store import JobEvent, JobKind, JobRecord, JobState  # noqa: F401 - JobEvent re-exported
+from alloy.ids import MAX_PATH_LENGTH, NO_CONTROL_CHARACTERS, ResourceId, ShortText, SourcePath
+from alloy.jobs.merge_request import EvaluateSpec, MergeRequest, SplitName  # noqa: F401 - re-exported
+from alloy.jobs.store import JOB_ID_PATTERN, JobEvent, JobKind, JobRecord, JobState  # noqa: F401 - re-exported
 
 T = TypeVar("T")
+
+# -- bounded identifiers and values (paths, query strings and free-form JSON bodies) -------------------------
+JobId = Annotated[str, StringConstraints(max_length=64, pattern=f"^{JOB_ID_PATTERN.pattern}$")]
+# Experiment ids: a job id, an evaluation's uuid, or "evolution-<job id>".
+ExperimentId = Annotated[str, StringConstraints(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+KeyId = Annotated[str, StringConstraints(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+ArtifactKey = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=NO_CONTROL_CHARACTERS)]
+ArtifactPrefix = Annotated[str, StringConstraints(max_length=1024, pattern=NO_CONTROL_CHARACTERS)]
+NodeId = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9a-fA-F]+$")]
+RateText = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9 /]+$")]
+KeyOwner = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[\x20-\x7e]+$")]
+
+# Free-form JSON a client stores (a model's lineage, a dataset's task): at most four levels deep, every string,
+# list and object bounded, no control characters; what a database column and a log line can take.
+MAX_JSON_ITEMS = 1024
+MAX_JSON_KEYS = 64
+_JsonKey = Annotated[str, StringConstraints(max_length=128, pattern=NO_CONTROL_CHARACTERS)]
+_JsonText = Annotated[str, StringConstraints(max_length=MAX_PATH_LENGTH, pattern=NO_CONTROL_CHARACTERS)]
+_JsonLeaf = (
+    _JsonText
+    | Annotated[int, Field(ge=-(2**53), le=2**53)]
+    | Annotated[float, Field(allow_inf_nan=False)]
+    | bool
+    | None
+)
+_Json1 = (
+    _JsonLeaf
+    | Annotated[list[_JsonLeaf], Field(max_length=MAX_JSON_ITEMS)]
+    | Annotated[dict[_JsonKey, _JsonLeaf], Field(max_length=MAX_JSON_KEYS)]
+)
+_Json2 = (
+    _JsonLeaf
+    | Annotated[list[_Json1], Field(max_length=MAX_JSON_ITEMS)]
+    | Annotated[dict[_JsonKey, _Json1], Field(max_length=MAX_JSON_KEYS)]
+)
+_Json3 = (
+    _JsonLeaf
+    | Annotated[list[_Json2], Field(max_length=MAX_JSON_ITEMS)]
+    | Annotated[dict[_JsonKey, _Json2], Field(max_length=MAX_JSON_KEYS)]
+)
+JsonObject = Annotated[dict[_JsonKey, _Json3], Field(max_length=MAX_JSON_KEYS)]
 
 
 class PageOf(BaseModel, Generic[T]):
@@ -93,8 +134,8 @@ class ModelRegistration(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_id: ResourceId
-    source: str = Field(min_length=1, description="Local folder under a configured model root, or an artifact key/URI")
-    lineage: dict[str, Any] | None = None
+    source: SourcePath = Field(description="Local folder under a configured model root, or an artifact key/URI")
+    lineage: JsonObject | None = None
     kind: Literal["model", "adapter"] | None = Field(
         None,
         description="model, or adapter (a PEFT LoRA adapter folder: adapter_config.json + adapter_model.safetensors, "
@@ -129,9 +170,11 @@ class DatasetRegistration(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset_id: ResourceId
-    source: str = Field(min_length=1, description="Local file/folder under a configured root, or an artifact key/URI")
-    splits: dict[str, Any] | None = None
-    task: dict[str, Any] | None = None
+    source: SourcePath = Field(description="Local file/folder under a configured root, or an artifact key/URI")
+    splits: Annotated[dict[SplitName, SourcePath], Field(max_length=16)] | None = Field(
+        None, description="Split name -> file, instead of one source file"
+    )
+    task: JsonObject | None = Field(None, description="How the dataset is scored (docs/API.md, the task schema)")
 
 
 class DatasetView(BaseModel):
@@ -169,11 +212,13 @@ class ArtifactView(BaseModel):
 
 
 class EvaluationRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
-    models: list[str] = Field(min_length=1, max_length=8)
-    datasets: list[str] = Field(min_length=1, max_length=16)
-    split: str = "test"
+    models: list[ResourceId] = Field(min_length=1, max_length=8)
+    datasets: list[ResourceId] = Field(min_length=1, max_length=16)
+    split: SplitName = "test"
+    batch_size: int | None = Field(None, ge=1, le=1024)
+    experiment_id: ExperimentId | None = Field(None, description="Record the results under this experiment")
 
 
 class EvaluationResults(BaseModel):
@@ -208,9 +253,9 @@ class ReloadView(BaseModel):
 class DrainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    node_id: str | None = Field(None, description="Ray node id (hex); default: the only worker node")
-    reason: str = "maintenance"
-    deadline_s: int | None = Field(None, ge=0)
+    node_id: NodeId | None = Field(None, description="Ray node id (hex); default: the only worker node")
+    reason: ShortText = "maintenance"
+    deadline_s: int | None = Field(None, ge=0, le=7 * 24 * 3600)
 
 
 class DrainView(BaseModel):
@@ -295,11 +340,13 @@ class KeyCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    owner: str = Field(min_length=1, max_length=200)
-    scopes: list[Literal["read", "write", "admin"]] = Field(min_length=1)
-    read_limit: str | None = Field(None, description="e.g. 100/minute; default: rate_limits.read")
-    jobs_limit: str | None = Field(None, description="e.g. 10/minute; default: rate_limits.jobs")
-    expires_in_s: int | None = Field(None, gt=0, description="Seconds until the key expires; default: never")
+    owner: KeyOwner
+    scopes: list[Literal["read", "write", "admin"]] = Field(min_length=1, max_length=3)
+    read_limit: RateText | None = Field(None, description="e.g. 100/minute; default: rate_limits.read")
+    jobs_limit: RateText | None = Field(None, description="e.g. 10/minute; default: rate_limits.jobs")
+    expires_in_s: int | None = Field(
+        None, gt=0, le=10 * 366 * 24 * 3600, description="Seconds until the key expires (at most ten years)"
+    )
 
 
 class KeyView(BaseModel):

@@ -14,14 +14,16 @@ import asyncio
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 
 from alloy import components as c
 from alloy.errors import AlloyError, ErrorCode, not_found
-from alloy.jobs.merge_request import active_merge_outputs, check_merge_inputs
+from alloy.ids import ResourceId
+from alloy.jobs.merge_request import check_merge_inputs, create_merge_job
 from alloy.jobs.store import JobKind, JobState
 from alloy.storage.keys import ApiKeyStore
+from alloy.wire import ArtifactKey, ArtifactPrefix, ExperimentId, JobId
 from deployments._calls import call
 from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context
@@ -31,6 +33,7 @@ from serve_app.routes_events import router as events_router
 from serve_app.routes_evolutions import router as evolutions_router
 from serve_app.routes_keys import router as keys_router
 from serve_app.routes_ops import admin_router, ops_router
+from serve_app.routing import Limit, Offset
 from serve_app.routing import dump as _dump
 from serve_app.routing import owner as _owner
 from serve_app.routing import page as _page
@@ -49,7 +52,7 @@ jobs_router = APIRouter(tags=["jobs"])
     dependencies=_scope("read"),
     summary="Progress of a job (the progress_url)",
 )
-def get_job(job_id: str, request: Request) -> s.JobView:
+def get_job(job_id: JobId, request: Request) -> s.JobView:
     ctx = api_context(request)
     job = ctx.services.jobs.get(job_id)
     return s.JobView.from_record(job, ctx.url_for_job(request, job.id))
@@ -60,8 +63,8 @@ def list_jobs(
     request: Request,
     state: JobState | None = None,
     kind: JobKind | None = None,
-    offset: int = Query(0, ge=0),
-    limit: int = Query(50, ge=1, le=500),
+    offset: Offset = 0,
+    limit: Limit = 50,
 ):
     ctx = api_context(request)
     page = ctx.services.jobs.list(state=state, kind=kind, offset=offset, limit=limit)
@@ -100,14 +103,17 @@ async def execute_merge(body: s.MergeRequest, request: Request, response: Respon
         call(registry, "manifests", recipe.model_ids),  # MODEL_NOT_FOUND
         call(registry, "exists", body.output_model_id),
     )
-    in_flight = await asyncio.to_thread(active_merge_outputs, ctx.services.jobs)
-    check_merge_inputs(body, recipe, output_taken=taken or body.output_model_id in in_flight, manifests=manifests)
+    # The early, advisory answers (the claim below is the one that counts): 409 for a taken output id, then
+    # everything the manifests can tell (shapes, slice ranges).
+    check_merge_inputs(body, recipe, output_taken_now=taken, manifests=manifests)
     if body.evaluate is not None:
         datasets = ctx.handle(c.DATASET_REGISTRY)
         await asyncio.gather(*(call(datasets, "get", d) for d in body.evaluate.datasets))
     engine = ctx.handle(c.MERGE_ENGINE)
+    # One transaction: the cluster is READY, the output id is claimed (exactly one of concurrent requests for it
+    # wins) and not registered; then the job exists.
     job = await asyncio.to_thread(
-        ctx.services.jobs.create, JobKind.MERGE, body.model_dump(mode="json"), _owner(request)
+        create_merge_job, ctx.services.jobs, body, _owner(request), guards=ctx.submission_guards()
     )
     # Fire and forget: the merge becomes an ongoing request of a MergeEngine replica, which owns the job from
     # here on; this ingress replica may go away without affecting it.
@@ -138,9 +144,7 @@ async def create_evaluation(body: s.EvaluationRequest, request: Request, respons
     engine = ctx.handle(c.EVALUATION_ENGINE)
     registry, datasets = ctx.handle(c.MODEL_REGISTRY), ctx.handle(c.DATASET_REGISTRY)
     await asyncio.gather(call(registry, "manifests", body.models), *(call(datasets, "get", d) for d in body.datasets))
-    job = await asyncio.to_thread(
-        ctx.services.jobs.create, JobKind.EVALUATION, body.model_dump(mode="json"), _owner(request)
-    )
+    job = await ctx.create_job(JobKind.EVALUATION, body.model_dump(mode="json", exclude_none=True), _owner(request))
     engine.run_job.remote(job.id)
     return _accepted(ctx, request, response, job.id)
 
@@ -153,7 +157,7 @@ def _evaluation_job(request: Request, job_id: str):
 
 
 @evaluations_router.get("/evaluations/{job_id}", response_model=s.JobView, dependencies=_scope("read"))
-def get_evaluation(job_id: str, request: Request) -> s.JobView:
+def get_evaluation(job_id: JobId, request: Request) -> s.JobView:
     job = _evaluation_job(request, job_id)
     return s.JobView.from_record(job, api_context(request).url_for_job(request, job.id))
 
@@ -161,7 +165,7 @@ def get_evaluation(job_id: str, request: Request) -> s.JobView:
 @evaluations_router.get(
     "/evaluations/{job_id}/results", response_model=s.EvaluationResults, dependencies=_scope("read")
 )
-def evaluation_results(job_id: str, request: Request) -> s.EvaluationResults:
+def evaluation_results(job_id: JobId, request: Request) -> s.EvaluationResults:
     job = _evaluation_job(request, job_id)
     if job.state is not JobState.COMPLETED:
         raise AlloyError(
@@ -178,8 +182,10 @@ models_router = APIRouter(tags=["models"])
 
 @models_router.post("/models", status_code=201, response_model=s.ModelView, dependencies=_scope("write"))
 async def register_model(body: s.ModelRegistration, request: Request) -> s.ModelView:
+    ctx = api_context(request)
+    await asyncio.to_thread(_refuse_claimed, ctx, body.model_id)
     record = await call(
-        api_context(request).handle(c.MODEL_REGISTRY),
+        ctx.handle(c.MODEL_REGISTRY),
         "register",
         body.model_id,
         body.source,
@@ -191,20 +197,31 @@ async def register_model(body: s.ModelRegistration, request: Request) -> s.Model
     return s.ModelView.model_validate(_dump(record))
 
 
+def _refuse_claimed(ctx: ApiContext, model_id: str) -> None:
+    """409 for an id an active merge will register (the registry would take it now and fail that merge)."""
+    job_id = ctx.services.jobs.claimant(model_id)
+    if job_id is not None:
+        raise AlloyError(
+            ErrorCode.ALREADY_EXISTS,
+            f"model {model_id!r} is being produced by job {job_id}",
+            {"field": "model_id", "model_id": model_id, "job_id": job_id},
+        )
+
+
 @models_router.get("/models", response_model=s.PageOf[s.ModelView], dependencies=_scope("read"))
-async def list_models(request: Request, offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500)):
+async def list_models(request: Request, offset: Offset = 0, limit: Limit = 50):
     page = await call(api_context(request).handle(c.MODEL_REGISTRY), "list", offset, limit)
     return _page(page, lambda r: s.ModelView.model_validate(_dump(r)))
 
 
 @models_router.get("/models/{model_id:path}", response_model=s.ModelView, dependencies=_scope("read"))
-async def get_model(model_id: str, request: Request) -> s.ModelView:
+async def get_model(model_id: ResourceId, request: Request) -> s.ModelView:
     record = await call(api_context(request).handle(c.MODEL_REGISTRY), "get", model_id)
     return s.ModelView.model_validate(_dump(record))
 
 
 @models_router.delete("/models/{model_id:path}", status_code=204, dependencies=_scope("write"))
-async def delete_model(model_id: str, request: Request) -> Response:
+async def delete_model(model_id: ResourceId, request: Request) -> Response:
     await call(api_context(request).handle(c.MODEL_REGISTRY), "delete", model_id)
     return Response(status_code=204)
 
@@ -228,19 +245,19 @@ async def register_dataset(body: s.DatasetRegistration, request: Request) -> s.D
 
 
 @datasets_router.get("/datasets", response_model=s.PageOf[s.DatasetView], dependencies=_scope("read"))
-async def list_datasets(request: Request, offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500)):
+async def list_datasets(request: Request, offset: Offset = 0, limit: Limit = 50):
     page = await call(api_context(request).handle(c.DATASET_REGISTRY), "list", offset, limit)
     return _page(page, lambda r: s.DatasetView.model_validate(_dump(r)))
 
 
 @datasets_router.get("/datasets/{dataset_id:path}", response_model=s.DatasetView, dependencies=_scope("read"))
-async def get_dataset(dataset_id: str, request: Request) -> s.DatasetView:
+async def get_dataset(dataset_id: ResourceId, request: Request) -> s.DatasetView:
     record = await call(api_context(request).handle(c.DATASET_REGISTRY), "get", dataset_id)
     return s.DatasetView.model_validate(_dump(record))
 
 
 @datasets_router.delete("/datasets/{dataset_id:path}", status_code=204, dependencies=_scope("write"))
-async def delete_dataset(dataset_id: str, request: Request) -> Response:
+async def delete_dataset(dataset_id: ResourceId, request: Request) -> Response:
     await call(api_context(request).handle(c.DATASET_REGISTRY), "delete", dataset_id)
     return Response(status_code=204)
 
@@ -250,13 +267,13 @@ experiments_router = APIRouter(tags=["experiments"])
 
 
 @experiments_router.get("/experiments", response_model=s.PageOf[s.ExperimentView], dependencies=_scope("read"))
-async def list_experiments(request: Request, offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500)):
+async def list_experiments(request: Request, offset: Offset = 0, limit: Limit = 50):
     page = await call(api_context(request).handle(c.EXPERIMENT_TRACKER), "list_experiments", offset, limit)
     return _page(page, lambda r: s.ExperimentView.model_validate(_dump(r)))
 
 
 @experiments_router.get("/experiments/{experiment_id}", dependencies=_scope("read"))
-async def get_experiment(experiment_id: str, request: Request) -> dict[str, Any]:
+async def get_experiment(experiment_id: ExperimentId, request: Request) -> dict[str, Any]:
     return _dump(await call(api_context(request).handle(c.EXPERIMENT_TRACKER), "get_experiment", experiment_id))
 
 
@@ -270,7 +287,7 @@ def _artifact_view(ctx: ApiContext, request: Request, info: Any) -> s.ArtifactVi
 
 
 @artifacts_router.get("/artifacts", response_model=list[s.ArtifactView], dependencies=_scope("read"))
-async def list_artifacts(request: Request, prefix: str = "") -> list[s.ArtifactView]:
+async def list_artifacts(request: Request, prefix: ArtifactPrefix = "") -> list[s.ArtifactView]:
     ctx = api_context(request)
     infos = await call(ctx.handle(c.ARTIFACT_STORE), "list", prefix)
     return [_artifact_view(ctx, request, info) for info in infos]
@@ -282,7 +299,7 @@ async def list_artifacts(request: Request, prefix: str = "") -> list[s.ArtifactV
     response_class=StreamingResponse,
     summary="Download an artifact (streamed)",
 )
-async def download_artifact(key: str, request: Request) -> StreamingResponse:
+async def download_artifact(key: ArtifactKey, request: Request) -> StreamingResponse:
     from serve_app.ranges import parse_range_start
 
     ctx = api_context(request)
@@ -304,7 +321,7 @@ async def download_artifact(key: str, request: Request) -> StreamingResponse:
 
 
 @artifacts_router.get("/artifacts/{key:path}", response_model=s.ArtifactView, dependencies=_scope("read"))
-async def artifact_metadata(key: str, request: Request) -> s.ArtifactView:
+async def artifact_metadata(key: ArtifactKey, request: Request) -> s.ArtifactView:
     ctx = api_context(request)
     return _artifact_view(ctx, request, await call(ctx.handle(c.ARTIFACT_STORE), "info", key))
 
@@ -339,7 +356,8 @@ GATED_ROUTERS = (
 ROUTERS = (ops_router, *GATED_ROUTERS)
 
 
-def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
+def create_api(ctx: ApiContext, *, install_security: bool = True, behind_serve_proxy: bool = False) -> FastAPI:
+    """The app; ``behind_serve_proxy``: served by a Serve ingress, whose proxy owns ``X-Request-ID``."""
     from serve_app import console, docs
 
     app = FastAPI(
@@ -362,12 +380,12 @@ def create_api(ctx: ApiContext, *, install_security: bool = True) -> FastAPI:
     app.include_router(evolutions_router, dependencies=gated)
     app.include_router(events_router, dependencies=gated)  # GET /jobs/{id}/events: history or live SSE
     app.include_router(keys_router, dependencies=gated)  # /admin/keys
-    _install_cross_cutting(app, ctx, install_security)
+    _install_cross_cutting(app, ctx, install_security, behind_serve_proxy)
     return app
 
 
-def _install_cross_cutting(app: FastAPI, ctx: ApiContext, with_security: bool) -> None:
+def _install_cross_cutting(app: FastAPI, ctx: ApiContext, with_security: bool, behind_serve_proxy: bool) -> None:
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
-    install_error_handlers(app)
+    install_error_handlers(app, behind_serve_proxy=behind_serve_proxy)
     if with_security:
         install_security(app, key_store_factory=lambda: ApiKeyStore(ctx.services.db), settings=ctx.config.settings)

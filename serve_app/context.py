@@ -3,13 +3,15 @@
 Routers written elsewhere (``serve_app/routes_evolutions.py``) use the two dependency helpers below and nothing
 else, so they work the same in the Serve ingress and in a plain FastAPI app:
 
-- ``api_context(request) -> ApiContext`` (settings, job store, public base URL, metrics, cluster-state gate);
+- ``api_context(request) -> ApiContext`` (settings, job store, public base URL, metrics, cluster-state gate;
+  ``await ctx.create_job(kind, request, owner)`` writes a job behind the cluster-state gate);
 - ``component(name)`` -> a FastAPI dependency returning the deployment handle of ``name`` (``"EvolutionEngine"``,
   ``"MergeEngine"``, ...), or 503 SERVICE_UNAVAILABLE when the app runs without it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from fastapi import Request
 
 from alloy.config import ConfigHolder
 from alloy.errors import AlloyError, ErrorCode
+from alloy.jobs.store import Guard, JobKind, JobRecord
 
 
 @dataclass
@@ -59,6 +62,24 @@ class ApiContext:
             value = float(self.gpu_probe())
             self._gpu_cache = (value, time.monotonic())
         return value
+
+    def submission_guards(self) -> list[Guard]:
+        """The job-creation guards of this app: the uncached cluster-state check, in the job's own transaction
+        (``JobStore.create``), so that nothing is accepted once DRAINING begins. None outside the cluster."""
+        return [] if self.cluster_gate is None else [self.cluster_gate.submission_guard]
+
+    async def create_job(
+        self, kind: JobKind, request: dict[str, Any], owner: str | None, *, output_model_id: str | None = None
+    ) -> JobRecord:
+        """Write a CREATED job behind :meth:`submission_guards` (off the event loop)."""
+        return await asyncio.to_thread(
+            self.services.jobs.create,
+            kind,
+            request,
+            owner,
+            output_model_id=output_model_id,
+            guards=self.submission_guards(),
+        )
 
     def require_gpu_capacity(self) -> None:
         """GPU profile: refuse job creation with GPU_UNAVAILABLE (503) while the cluster has no GPU, unless the

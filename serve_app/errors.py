@@ -26,9 +26,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from alloy.errors import AlloyError, ErrorCode
+from alloy.errors import AlloyError, ErrorCode, public_message
+from serve_app.openapi import document_contract
 
 logger = logging.getLogger("alloy.http")
 
@@ -71,26 +73,11 @@ class ErrorResponse(BaseModel):
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entries for the given statuses, all with the ErrorResponse body."""
+    from serve_app.openapi import STATUS_DESCRIPTIONS
+
     return {
-        status: {"model": ErrorResponse, "description": _STATUS_DESCRIPTIONS.get(status, "Error")}
-        for status in statuses
+        status: {"model": ErrorResponse, "description": STATUS_DESCRIPTIONS.get(status, "Error")} for status in statuses
     }
-
-
-_STATUS_DESCRIPTIONS = {
-    401: "Missing, invalid, expired or revoked API key (UNAUTHENTICATED)",
-    403: "The API key lacks the required scope (FORBIDDEN)",
-    404: "Unknown route or resource",
-    405: "Method not allowed on this route",
-    409: "Conflict with the current state",
-    413: "Request body larger than the configured limit (PAYLOAD_TOO_LARGE)",
-    422: "The request failed validation",
-    429: "Rate limit exceeded (QUOTA_EXCEEDED); see Retry-After",
-    500: "Unexpected server error (INTERNAL_ERROR)",
-    503: "Service or dependency unavailable",
-}
-# Added to every operation in the OpenAPI document: any request can meet these.
-_COMMON_STATUSES = (401, 403, 413, 422, 429, 500)
 
 
 def request_id_of(request: Request) -> str | None:
@@ -125,16 +112,15 @@ def _validation_details(errors: Iterable[dict[str, Any]]) -> list[dict[str, str]
 
 async def _handle_alloy_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AlloyError)
+    request_id = request_id_of(request)
     if exc.http_status >= 500:
         logger.warning(
-            "request_id=%s %s %s -> %s: %s",
-            request_id_of(request),
-            request.method,
-            request.url.path,
-            exc.code.value,
-            exc.message,
+            "request_id=%s %s %s -> %s: %s", request_id, request.method, request.url.path, exc.code.value, exc.message
         )
-    return error_json_response(exc, request_id_of(request))
+    shown = public_message(exc.code, exc.message, request_id)
+    if shown != exc.message:  # an INTERNAL_ERROR: its text and details stay in the log above
+        exc = AlloyError(exc.code, shown)
+    return error_json_response(exc, request_id)
 
 
 async def _handle_validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -150,23 +136,45 @@ async def _handle_http_exception(request: Request, exc: Exception) -> JSONRespon
     code = _CODE_FOR_STATUS.get(exc.status_code) or (
         ErrorCode.INTERNAL_ERROR if exc.status_code >= 500 else ErrorCode.VALIDATION_FAILED
     )
+    headers = dict(exc.headers or {})
     if exc.status_code == 404:
         message = f"no route for {request.method} {request.url.path}"
     elif exc.status_code == 405:
         message = f"method {request.method} is not allowed on {request.url.path}"
+        headers["Allow"] = allowed_methods(request)  # Starlette lists the first matching route's only
     elif isinstance(exc.detail, str) and exc.status_code < 500:
         message = exc.detail
     else:
-        message = HTTP_STATUS_MESSAGES.get(code, "request failed")
-    headers = dict(exc.headers or {})  # e.g. "Allow" on 405
-    return error_json_response(AlloyError(code, message), request_id_of(request), headers)
+        message = "request failed"
+    error = AlloyError(code, public_message(code, message, request_id_of(request)))
+    return error_json_response(error, request_id_of(request), headers)
 
 
-HTTP_STATUS_MESSAGES = {ErrorCode.INTERNAL_ERROR: "internal server error; quote the request_id when reporting it"}
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route of the app answers on this path: the ``Allow`` of a 405. (Starlette's names the
+    first route whose path matched, e.g. ``GET`` alone where ``/models/{id}`` also answers ``DELETE``.) Asked of
+    the router with a bare scope per method, so included routers answer as they route."""
+    allowed = []
+    for method in HTTP_METHODS:
+        probe = {
+            "type": "http",
+            "method": method,
+            "path": request.scope["path"],
+            "root_path": request.scope.get("app_root_path", ""),
+            "headers": [],
+            "query_string": b"",
+        }
+        routes = (route for route in request.app.router.routes if not isinstance(route, Mount))
+        if any(route.matches(probe)[0] is Match.FULL for route in routes):
+            allowed.append(method)
+    return ", ".join(allowed) or "GET, HEAD"  # nothing but a mount (the static assets) matched
 
 
 def internal_error_response(request_id: str | None) -> JSONResponse:
-    error = AlloyError(ErrorCode.INTERNAL_ERROR, HTTP_STATUS_MESSAGES[ErrorCode.INTERNAL_ERROR])
+    error = AlloyError(ErrorCode.INTERNAL_ERROR, public_message(ErrorCode.INTERNAL_ERROR, "", request_id))
     return error_json_response(error, request_id)
 
 
@@ -178,8 +186,8 @@ def _incoming_request_id(scope: Scope, *, trusted: bool) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
             text = value.decode("latin-1")
-            if trusted:  # set or vetted by the Serve proxy, which also echoes it: body and header must agree
-                return text[:256] or None
+            if trusted:  # the Serve proxy's, which it also puts on the response: used as it is, so all agree
+                return text or None
             return text if _REQUEST_ID_PATTERN.match(text) else None
     return None
 
@@ -187,9 +195,12 @@ def _incoming_request_id(scope: Scope, *, trusted: bool) -> str | None:
 class RequestContextMiddleware:
     """Outermost Alloy middleware: request id, response headers from inner layers, last-resort 500.
 
-    ``proxy_sets_request_id=True`` is for Ray Serve: its HTTP proxy always puts an ``X-Request-ID`` on the
-    request (the client's or a new one) and appends the same value to the response, so here the incoming id is
-    used as-is and no second header is added.
+    Which id wins: behind Ray Serve (``proxy_sets_request_id=True``) the proxy's. Its HTTP proxy puts an
+    ``X-Request-ID`` on every request (the client's, whatever it is, or a new one) and appends that same value
+    to the response after the app has answered, where the app cannot take it back; so the app adds no header
+    of its own and uses the proxy's id, as it is, in the error body and in its logs (as Serve's own access log
+    does). Without the proxy, this middleware decides: the client's id if it is 1-128 characters of
+    ``A-Z a-z 0-9 . _ : -``, else a new one, sent in the one ``X-Request-ID`` header.
     """
 
     def __init__(self, app: ASGIApp, *, proxy_sets_request_id: bool = False) -> None:
@@ -200,8 +211,9 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _incoming_request_id(scope, trusted=self.proxy_sets_request_id) or new_request_id()
-        add_request_id_header = not self.proxy_sets_request_id
+        incoming = _incoming_request_id(scope, trusted=self.proxy_sets_request_id)
+        request_id = incoming or new_request_id()
+        add_request_id_header = not (self.proxy_sets_request_id and incoming)
         state = scope.setdefault("state", {})
         state[STATE_REQUEST_ID] = request_id
         extra_headers: list[tuple[str, str]] = state.setdefault(STATE_RESPONSE_HEADERS, [])
@@ -247,34 +259,4 @@ def install_error_handlers(app: FastAPI, *, behind_serve_proxy: bool = False) ->
     app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
     if not any(m.cls is RequestContextMiddleware for m in app.user_middleware):
         app.user_middleware.insert(0, Middleware(RequestContextMiddleware, proxy_sets_request_id=behind_serve_proxy))
-    _document_errors(app)
-
-
-def _document_errors(app: FastAPI) -> None:
-    """Declare the error shape in the OpenAPI document: the ErrorResponse schema and, on every operation, the
-    error statuses any request can meet (401, 403, 413, 422, 429, 500) plus 404/405."""
-    build_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = build_openapi()
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        error_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
-        for name, definition in error_schema.pop("$defs", {}).items():
-            components.setdefault(name, definition)
-        components.setdefault("ErrorResponse", error_schema)
-        reference = {"$ref": "#/components/schemas/ErrorResponse"}
-        for path_item in schema.get("paths", {}).values():
-            for operation in path_item.values():
-                if not isinstance(operation, dict) or "responses" not in operation:
-                    continue
-                for status in (*_COMMON_STATUSES, 404, 405):
-                    entry = operation["responses"].setdefault(
-                        str(status), {"description": _STATUS_DESCRIPTIONS[status]}
-                    )
-                    entry["content"] = {"application/json": {"schema": reference}}
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    document_contract(app)

@@ -40,4 +40,4 @@ class Ingress:
         )
 
     def __serve_build_asgi_app__(self):
-        return create_api(self.context)
+        return create_api(self.context, behind_serve_proxy=True)

@@ -19,7 +19,7 @@ from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from alloy.job_stream import JobFollower, follow
 from alloy.jobs.store import JobEvent
-from alloy.wire import JobView
+from alloy.wire import JobId, JobView
 from serve_app.context import api_context
 from serve_app.errors import error_responses
 from serve_app.security import require_scope
@@ -28,6 +28,8 @@ router = APIRouter(tags=["jobs"])
 
 EVENT_STREAM = "text/event-stream"
 POLL_INTERVAL_S = 0.25
+# The ids this stream sends ("<history id>" or "<history id>.<n>"), at most 18 digits each: a database integer.
+LAST_EVENT_ID_PATTERN = r"^[0-9]{1,18}(\.[0-9]{1,18})?$"
 PING_INTERVAL_S = 15  # keeps proxies from closing an idle stream (a long evolution generation)
 
 _STREAM_DOC = (
@@ -66,10 +68,15 @@ async def _events(request: Request, follower: JobFollower) -> AsyncIterator[Serv
     },
 )
 async def job_events(
-    job_id: str,
+    job_id: JobId,
     request: Request,
     accept: str | None = Header(None, include_in_schema=False),
-    last_event_id: str | None = Header(None, description="Resume a stream after this event id"),
+    last_event_id: str | None = Header(
+        None,
+        max_length=37,
+        pattern=LAST_EVENT_ID_PATTERN,
+        description="Resume a stream after this event id (an id this stream sent: N or N.M)",
+    ),
 ) -> Any:
     ctx = api_context(request)
     jobs = ctx.services.jobs

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from alloy import components as c
 from alloy.errors import not_found
 from alloy.jobs.store import JobKind, JobRecord
 from alloy.storage.tracker import ExperimentTracker
+from alloy.wire import JobId
 from evolution.config import EvolutionSpec
 from evolution.engine import EvolutionService
 from serve_app.context import api_context
@@ -23,6 +24,7 @@ from serve_app.routing import scope
 from serve_app.schemas import JobAccepted
 
 router = APIRouter(tags=["evolutions"])
+MAX_GENERATION = 2**31 - 1  # a bound for the query (a larger integer would overflow the database's)
 
 
 def _evolution(request: Request, job_id: str) -> JobRecord:
@@ -76,9 +78,7 @@ async def create_evolution(body: EvolutionSpec, request: Request, response: Resp
         await asyncio.gather(
             *(registry.get.remote(m) for m in [*(body.models or []), *([body.base_model] if body.base_model else [])])
         )
-    job = await asyncio.to_thread(
-        ctx.services.jobs.create, JobKind.EVOLUTION, body.model_dump(mode="json"), _owner(request)
-    )
+    job = await ctx.create_job(JobKind.EVOLUTION, body.model_dump(mode="json"), _owner(request))
     engine.run_job.remote(job.id)  # fire and forget: the engine replica owns the job from here on
     url = _progress_url(request, job.id)
     response.headers["Location"] = url
@@ -90,7 +90,7 @@ async def create_evolution(body: EvolutionSpec, request: Request, response: Resp
     dependencies=scope("read"),
     summary="Progress of an evolution: generation, best and median fitness, trials",
 )
-def get_evolution(job_id: str, request: Request) -> dict[str, Any]:
+def get_evolution(job_id: JobId, request: Request) -> dict[str, Any]:
     return _view(request, _evolution(request, job_id))
 
 
@@ -99,7 +99,9 @@ def get_evolution(job_id: str, request: Request) -> dict[str, Any]:
     dependencies=scope("read"),
     summary="Every evaluated candidate: genome, recipe, metrics, parent trial",
 )
-def evolution_trials(job_id: str, request: Request, generation: int | None = None) -> dict[str, Any]:
+def evolution_trials(
+    job_id: JobId, request: Request, generation: int | None = Query(None, ge=0, le=MAX_GENERATION)
+) -> dict[str, Any]:
     job = _evolution(request, job_id)
     services = api_context(request).services
     reader = EvolutionService(
@@ -115,7 +117,7 @@ def evolution_trials(job_id: str, request: Request, generation: int | None = Non
     dependencies=scope("write"),
     summary="Stop a running evolution (it ends FAILED with code CANCELLED)",
 )
-async def cancel_evolution(job_id: str, request: Request) -> dict[str, Any]:
+async def cancel_evolution(job_id: JobId, request: Request) -> dict[str, Any]:
     _evolution(request, job_id)
     services = api_context(request).services
     # The request is recorded in the JobStore; the process running the search (a Serve replica or a

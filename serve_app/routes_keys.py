@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 
 from alloy.storage.db.types import utcnow
 from alloy.storage.keys import ApiKeyStore, describe
-from alloy.wire import KeyCreate, KeyView, NewKeyView
+from alloy.wire import KeyCreate, KeyId, KeyView, NewKeyView
 from serve_app.context import api_context
 from serve_app.security import require_scope
 
@@ -42,5 +42,5 @@ async def create_key(body: KeyCreate, request: Request) -> NewKeyView:
 
 
 @router.delete("/{key_id}", response_model=KeyView, summary="Revoke an API key at once")
-async def revoke_key(key_id: str, request: Request) -> KeyView:
+async def revoke_key(key_id: KeyId, request: Request) -> KeyView:
     return KeyView.model_validate(describe(await asyncio.to_thread(_store(request).revoke, key_id)))

@@ -42,7 +42,7 @@ async def _component_health(ctx: ApiContext, name: str) -> s.ComponentHealth:
         detail = await call(handle, "health", timeout_s=HEALTH_TIMEOUT_S)
         return s.ComponentHealth(status="healthy", detail=detail if isinstance(detail, dict) else None)
     except Exception as exc:  # noqa: BLE001 - reported, not raised: health shows what is broken
-        return s.ComponentHealth(status="unhealthy", detail={"error": f"{type(exc).__name__}: {exc}"[:500]})
+        return s.ComponentHealth(status="unhealthy", detail={"error": _unhealthy(name, exc)})
 
 
 @ops_router.get(
@@ -59,7 +59,7 @@ async def health(request: Request) -> s.HealthView:
         await asyncio.to_thread(ctx.services.jobs.list, limit=1)
         components["Database"] = s.ComponentHealth(status="healthy")
     except Exception as exc:  # noqa: BLE001
-        components["Database"] = s.ComponentHealth(status="unhealthy", detail={"error": str(exc)[:500]})
+        components["Database"] = s.ComponentHealth(status="unhealthy", detail={"error": _unhealthy("Database", exc)})
     healthy = all(c.status != "unhealthy" for c in components.values())
     # Read only: READY is set by the start sequence once every step passed, never by a probe (a probe during
     # STARTING or STOPPING would otherwise let requests in).
@@ -77,6 +77,15 @@ async def health(request: Request) -> s.HealthView:
         draining_nodes=draining,
         components=components,
     )
+
+
+def _unhealthy(name: str, exc: Exception) -> str:
+    """What /health may say of a failure: an Alloy error's own message; anything else (a driver's text with
+    URLs or SQL, a Ray traceback) only in the log."""
+    if isinstance(exc, AlloyError):
+        return exc.message
+    logger.warning("health check of %s failed", name, exc_info=True)
+    return "unreachable; the server log has the details"
 
 
 def cluster_store(ctx: ApiContext) -> ClusterStateStore:

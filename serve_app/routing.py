@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 
+from alloy.storage.db.page import MAX_OFFSET, MAX_PAGE_SIZE
 from serve_app.security import require_scope
+
+# The paging query parameters of every listing: bounded in the schema, so that no number reaches SQL unchecked.
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Items to skip")]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Items per page")]
 
 
 def scope(name: str) -> list[Any]:

@@ -27,8 +27,9 @@ from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, Field
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from alloy.errors import AlloyError, ErrorCode
 from alloy.storage.db import Database
@@ -151,6 +152,22 @@ class ClusterStateStore:
             raise not_ready_error(status.state, submission=submission)
         return status
 
+    def submission_guard(self, session: Session) -> None:
+        """A job-creation guard (``JobStore.create(guards=...)``): refuse with 503 unless the cluster is READY,
+        holding the state row until the job's transaction ends. The touch is a write (``SET state = state`` on
+        a READY row), so a concurrent move to DRAINING or STOPPING waits for the job to commit (and the
+        graceful stop then waits for the job), or the job sees the new state and is refused: nothing is
+        accepted after DRAINING begins."""
+        touched = session.execute(
+            update(ClusterStateRow)
+            .where(ClusterStateRow.id == ROW_ID, ClusterStateRow.state == ClusterState.READY.value)
+            .values(state=ClusterStateRow.state)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if touched != 1:
+            current = session.scalar(select(ClusterStateRow.state).where(ClusterStateRow.id == ROW_ID))
+            raise not_ready_error(current or ClusterState.STOPPED.value, submission=True)
+
     # -- moves ----------------------------------------------------------------------------------------------
     def begin_start(self, mode: str) -> ClusterStatus:
         """Enter STARTING from any state and return the status *before* it (whose state and last stop tell
@@ -257,6 +274,10 @@ class CachedClusterState:
             if self._value is None or now - self._read_at >= self.ttl_s:
                 self._value, self._read_at = self.store.state(), now
             return self._value
+
+    def submission_guard(self, session: Session) -> None:
+        """The authoritative, uncached check of a job submission (see ClusterStateStore.submission_guard)."""
+        self.store.submission_guard(session)
 
     def require(self, *, submission: bool = False) -> ClusterState:
         state = self.get()

@@ -8,16 +8,20 @@ to CREATED for replay after a crash; the history (``events``) keeps what happene
 from __future__ import annotations
 
 import builtins  # the store's own list() method shadows the name in annotations below it
+import logging
 import re
 import uuid
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
-from alloy.errors import AlloyError, ErrorCode, not_found, validation_failed
+from alloy.errors import AlloyError, ErrorCode, not_found, public_message, validation_failed
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import JobEventRow, JobRow
 from alloy.storage.db.page import check_paging
@@ -59,6 +63,10 @@ LEGAL_MOVES: dict[JobState, frozenset[JobState]] = {
 JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 TRANSITION_FIELDS = frozenset({"progress", "result", "error"})
 CAS_RETRIES = 5
+logger = logging.getLogger("alloy.jobs")
+
+# A check run inside the job-creation transaction (see JobStore.create); it refuses by raising an AlloyError.
+Guard = Callable[[Session], None]
 
 
 class JobError(BaseModel):
@@ -111,6 +119,24 @@ class JobEvent(BaseModel):
     at: datetime
 
 
+def _public_error(job_id: str, error: JobError) -> dict[str, Any]:
+    """The error as recorded (and shown by GET /jobs/{id} and its events): an INTERNAL_ERROR's own text goes to
+    the log under the job id, the record keeps the generic message (alloy.errors.public_message)."""
+    shown = public_message(error.code, error.message, job_id)
+    if shown != error.message:
+        logger.error("job %s failed with INTERNAL_ERROR: %s", job_id, error.message)
+    return JobError(code=error.code, message=shown).model_dump()
+
+
+def output_claimed(model_id: str | None) -> AlloyError:
+    """The answer when another active job already claims ``model_id`` as its output."""
+    return AlloyError(
+        ErrorCode.ALREADY_EXISTS,
+        f"model {model_id!r} is already being produced by another job",
+        {"field": "output_model_id", "model_id": model_id},
+    )
+
+
 def _conflict(job_id: str, current: str, target: str, why: str = "illegal move") -> AlloyError:
     return AlloyError(
         ErrorCode.CONFLICT,
@@ -125,8 +151,21 @@ class JobStore:
 
     # -- writes ---------------------------------------------------------------------------------------------
     def create(
-        self, kind: JobKind | str, request: dict[str, Any], owner: str | None = None, job_id: str | None = None
+        self,
+        kind: JobKind | str,
+        request: dict[str, Any],
+        owner: str | None = None,
+        job_id: str | None = None,
+        *,
+        output_model_id: str | None = None,
+        guards: Iterable[Guard] = (),
     ) -> JobRecord:
+        """Write a CREATED job. ``output_model_id`` claims that id for the job while it is active (another
+        active job holding it -> ALREADY_EXISTS). Then each guard runs inside the same transaction and may
+        refuse the job by raising (nothing is written then). They run after the row, so that what they read is
+        ordered against the claim: on SQLite the insert holds the write lock, on PostgreSQL a concurrent claim
+        of the same id waits for this one, and a guard that locks a row (the cluster-state gate) keeps it
+        locked until the job is committed."""
         try:
             kind = JobKind(kind)
         except ValueError:
@@ -143,6 +182,7 @@ class JobStore:
             request=request,
             owner=owner,
             attempts=0,
+            output_model_id=output_model_id,
             created_at=now,
             updated_at=now,
         )
@@ -150,7 +190,12 @@ class JobStore:
             if session.get(JobRow, job_id) is not None:
                 raise AlloyError(ErrorCode.ALREADY_EXISTS, f"job {job_id!r} already exists", {"job_id": job_id})
             session.add(row)
-            session.flush()
+            try:
+                session.flush()
+            except IntegrityError:
+                raise output_claimed(output_model_id) from None
+            for guard in guards:
+                guard(session)
             session.add(JobEventRow(job_id=job_id, event="created", to_state=JobState.CREATED.value, at=now))
         return JobRecord.from_row(row)
 
@@ -220,7 +265,7 @@ class JobStore:
             if "result" in fields:
                 values["result"] = fields["result"]
             if "error" in fields:
-                values["error"] = JobError.model_validate(fields["error"]).model_dump()
+                values["error"] = _public_error(job_id, JobError.model_validate(fields["error"]))
             if target is JobState.PREPARING and row.started_at is None:
                 values["started_at"] = now
             if target.terminal:
@@ -295,6 +340,16 @@ class JobStore:
         with self.db.session() as session:
             rows = session.scalars(query.order_by(JobRow.created_at, JobRow.id)).all()
             return [JobRecord.from_row(r) for r in rows]
+
+    def claimant(self, output_model_id: str) -> str | None:
+        """The active job that claims ``output_model_id`` as its output, if any."""
+        with self.db.session() as session:
+            return session.scalar(
+                select(JobRow.id).where(
+                    JobRow.output_model_id == output_model_id,
+                    JobRow.state.in_([s.value for s in NON_TERMINAL_STATES]),
+                )
+            )
 
     def events(self, job_id: str) -> builtins.list[JobEvent]:
         with self.db.session() as session:

@@ -9,7 +9,7 @@ import pytest
 
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.liveness import OrphanSweeper, sweep_orphans
-from alloy.jobs.merge_request import MergeRequest, validate_merge_request
+from alloy.jobs.merge_request import MergeRequest, create_merge_job, validate_merge_request
 from alloy.jobs.merge_runner import MergeJobRunner
 from alloy.jobs.store import JobKind, JobState, JobStore
 from alloy.registry.models import ModelRegistry
@@ -52,7 +52,7 @@ def ties_request(output: str, **extra) -> MergeRequest:
 
 
 def submit(world, request: MergeRequest) -> str:
-    return world["jobs"].create(JobKind.MERGE, request.model_dump(mode="json")).id
+    return create_merge_job(world["jobs"], request).id
 
 
 def test_merge_job_runs_to_completed_and_registers_a_loadable_model(world):

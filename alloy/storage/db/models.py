@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from alloy.storage.db.types import PortableJSON, UTCDateTime, utcnow
@@ -62,9 +62,26 @@ class DatasetRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+# The states a job holds its output claim in (alloy.jobs.store.NON_TERMINAL_STATES, spelled out here because the
+# index predicate is SQL and the migration that created it must not change with the code).
+ACTIVE_JOB_STATES_SQL = "state NOT IN ('COMPLETED', 'FAILED')"
+OUTPUT_CLAIM_INDEX = "uq_jobs_active_output"
+
+
 class JobRow(Base):
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_state_kind", "state", "kind"),)
+    __table_args__ = (
+        Index("ix_jobs_state_kind", "state", "kind"),
+        # The output claim: at most one active job per output model id. A partial unique index, so a job that
+        # FAILS frees its id at once (the row leaves the predicate) and a COMPLETED one hands it to the registry.
+        Index(
+            OUTPUT_CLAIM_INDEX,
+            "output_model_id",
+            unique=True,
+            sqlite_where=text(ACTIVE_JOB_STATES_SQL),
+            postgresql_where=text(ACTIVE_JOB_STATES_SQL),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))
@@ -75,6 +92,8 @@ class JobRow(Base):
     error: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
     owner: Mapped[str | None] = mapped_column(String(128), index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # incremented by each requeue
+    # The model id the job will register (merges); NULL for jobs that register nothing under a chosen id.
+    output_model_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

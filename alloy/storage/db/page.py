@@ -11,6 +11,9 @@ from alloy.errors import validation_failed
 T = TypeVar("T")
 
 MAX_PAGE_SIZE = 500
+# Far past any real listing, and inside every backend's OFFSET type (SQLite and PostgreSQL take 64-bit integers;
+# Python's sqlite3 refuses larger ints outright).
+MAX_OFFSET = 2**31 - 1
 
 
 class Page(BaseModel, Generic[T]):
@@ -21,10 +24,10 @@ class Page(BaseModel, Generic[T]):
 
 
 def check_paging(offset: int, limit: int) -> None:
-    if offset < 0:
-        raise validation_failed("offset must be >= 0", offset=offset)
+    if not 0 <= offset <= MAX_OFFSET:
+        raise validation_failed(f"offset must be between 0 and {MAX_OFFSET}", offset=offset)
     if not 1 <= limit <= MAX_PAGE_SIZE:
         raise validation_failed(f"limit must be between 1 and {MAX_PAGE_SIZE}", limit=limit)
 
 
-__all__ = ["Page", "check_paging"]
+__all__ = ["MAX_OFFSET", "MAX_PAGE_SIZE", "Page", "check_paging"]
