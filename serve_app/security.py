@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import anyio
 from fastapi import FastAPI, Request
@@ -112,7 +113,8 @@ class RateLimiter:
 
     def __init__(self, storage_uri: str, *, key_prefix: str = "alloy-rl"):
         options = {"key_prefix": key_prefix} if not storage_uri.startswith("memory://") else {}
-        self.storage: Storage = storage_from_string(storage_uri, **options)
+        # memory:// and redis:// give the synchronous storages the moving-window limiter takes
+        self.storage = cast(Storage, storage_from_string(storage_uri, **options))
         self.strategy = MovingWindowRateLimiter(self.storage)
         logger.info("rate limits stored in %s", redact_uri(storage_uri))
 

@@ -141,7 +141,9 @@ def start(
 
     signals = _Signals()
     signals.install()
-    while not signals.stop and run.head.process.poll() is None:
+    head = run.head.process
+    assert head is not None  # a head this command started has its process
+    while not signals.stop and head.poll() is None:
         if signals.reload:
             signals.reload = False
             _reload(run, reload_local)
@@ -262,8 +264,8 @@ def status(as_json: bool) -> None:
         body = cluster.model_dump(mode="json", exclude={"snapshot"})
         body.update(
             active_jobs=len(active),
-            url=local["url"] if running else None,
-            pid=local["pid"] if running else None,
+            url=local["url"] if local and running else None,
+            pid=local["pid"] if local and running else None,
             alive=running,
             problem=dead,
         )

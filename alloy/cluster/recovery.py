@@ -188,7 +188,7 @@ class Recovery:
                     attempts=job.attempts,
                     updated_at=job.updated_at,
                     output_model_id=output,
-                    output_registered_by_job=bool(output) and self._registered_by(output, job.id),
+                    output_registered_by_job=output is not None and self._registered_by(output, job.id),
                 )
             )
         return found

@@ -173,7 +173,7 @@ class StartSequence:
             except Exception:
                 logger.warning("could not persist the failed start", exc_info=True)
         code = exc.code if isinstance(exc, AlloyError) else ErrorCode.SERVICE_UNAVAILABLE
-        details = {"step": step.name, "mode": self.mode, "steps": [e.model_dump() for e in log]}
+        details: dict[str, Any] = {"step": step.name, "mode": self.mode, "steps": [e.model_dump() for e in log]}
         if isinstance(exc, AlloyError):
             details["cause"] = {"code": exc.code.value, "message": exc.message, "details": exc.details}
         return StepFailed(code, message, details)

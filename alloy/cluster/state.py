@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 from alloy.errors import AlloyError, ErrorCode
 from alloy.storage.db import Database
 from alloy.storage.db.models import ClusterStateRow
+from alloy.storage.db.page import rows_changed
 from alloy.storage.db.types import utcnow
 
 ROW_ID = 1
@@ -158,12 +159,13 @@ class ClusterStateStore:
         a READY row), so a concurrent move to DRAINING or STOPPING waits for the job to commit (and the
         graceful stop then waits for the job), or the job sees the new state and is refused: nothing is
         accepted after DRAINING begins."""
-        touched = session.execute(
+        touched = rows_changed(
+            session,
             update(ClusterStateRow)
             .where(ClusterStateRow.id == ROW_ID, ClusterStateRow.state == ClusterState.READY.value)
             .values(state=ClusterStateRow.state)
-            .execution_options(synchronize_session=False)
-        ).rowcount
+            .execution_options(synchronize_session=False),
+        )
         if touched != 1:
             current = session.scalar(select(ClusterStateRow.state).where(ClusterStateRow.id == ROW_ID))
             raise not_ready_error(current or ClusterState.STOPPED.value, submission=True)
@@ -175,7 +177,7 @@ class ClusterStateStore:
         previous = self.get()
         self._ensure_row()
         with self.db.session() as session:
-            row = session.get(ClusterStateRow, ROW_ID, populate_existing=True)
+            row = _the_row(session)
             snapshot = dict(row.snapshot or {})
             snapshot["last_start"] = LifecycleRun(mode=mode, ok=False).model_dump(mode="json")
             snapshot["previous_state"] = row.state
@@ -196,12 +198,13 @@ class ClusterStateStore:
             if target not in LEGAL_MOVES[current]:
                 raise _conflict(current, target, "illegal move")
             with self.db.session() as session:
-                changed = session.execute(
+                changed = rows_changed(
+                    session,
                     update(ClusterStateRow)
                     .where(ClusterStateRow.id == ROW_ID, ClusterStateRow.state == current.value)
                     .values(state=target.value, updated_at=utcnow())
-                    .execution_options(synchronize_session=False)
-                ).rowcount
+                    .execution_options(synchronize_session=False),
+                )
             if changed == 1:
                 return self.get()
         raise _conflict(self.state(), target, "state kept changing during")
@@ -216,7 +219,7 @@ class ClusterStateStore:
     def set_config_version(self, version: int) -> ClusterStatus:
         self._ensure_row()
         with self.db.session() as session:
-            row = session.get(ClusterStateRow, ROW_ID, populate_existing=True)
+            row = _the_row(session)
             row.config_version = int(version)
             row.updated_at = utcnow()
         return self.get()
@@ -238,7 +241,7 @@ class ClusterStateStore:
         """Set top-level snapshot keys, keeping every other key (other modules keep theirs there too)."""
         self._ensure_row()
         with self.db.session() as session:
-            row = session.get(ClusterStateRow, ROW_ID, populate_existing=True)
+            row = _the_row(session)
             row.snapshot = {**(row.snapshot or {}), **keys}
             row.updated_at = utcnow()
         return self.get()
@@ -309,3 +312,11 @@ def _conflict(current: ClusterState, target: ClusterState, why: str) -> AlloyErr
         f"cluster state: {why} {current.value} -> {target.value}",
         {"cluster_state": current.value, "requested": target.value},
     )
+
+
+def _the_row(session: Session) -> ClusterStateRow:
+    """The one state row, read afresh (``_ensure_row`` wrote it before)."""
+    row = session.get(ClusterStateRow, ROW_ID, populate_existing=True)
+    if row is None:
+        raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, "the cluster state row is missing", {"component": "database"})
+    return row

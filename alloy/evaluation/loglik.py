@@ -48,11 +48,13 @@ def truncate_prompt(prompt: list[int], longest_choice: int, max_length: int) -> 
 def choice_predictions(
     model, items: Sequence[ChoiceItem], pad_id: int, batch_size: int, normalize: str = "sum"
 ) -> list[int]:
-    prompts, continuations, owners = [], [], []
+    prompts: list[list[int]] = []
+    continuations: list[list[int]] = []
+    owners: list[int] = []
     for index, item in enumerate(items):
-        for choice in item.choice_ids:
+        for choice_ids in item.choice_ids:
             prompts.append(item.prompt_ids)
-            continuations.append(choice)
+            continuations.append(choice_ids)
             owners.append(index)
     scores = continuation_logprobs(model, prompts, continuations, pad_id, batch_size)
     best: list[tuple[float, int]] = [(-float("inf"), -1)] * len(items)

@@ -68,10 +68,10 @@ def parse_request(request: dict[str, Any]) -> EvaluationRequest:
 class EvaluationService:
     def __init__(
         self,
-        models: ModelRegistry,
-        datasets: DatasetRegistry,
+        models: ModelRegistry | None,
+        datasets: DatasetRegistry | None,
         tracker: ExperimentTracker | None,
-        jobs: JobStore,
+        jobs: JobStore | None,
         store: ArtifactStore | None = None,
         *,
         cache_capacity: int = 2,
@@ -85,23 +85,42 @@ class EvaluationService:
         self.jobs = jobs
         self.store = store
         self.batch_size = batch_size
+        if dataset_source is None and datasets is None:
+            raise ValueError("an EvaluationService needs a dataset registry or a dataset source")
         self.source: DatasetSource = dataset_source or RegistryDatasets(datasets, store)
         self.cache = LoadedModelCache(cache_capacity)
         self.last_experiment_id: str | None = None
-        self.job_runner = JobRunner(
-            jobs,
-            JobKind.EVALUATION,
-            self._job_body,
-            heartbeat_s=heartbeat_s,
-            claim_progress={"percent": 0.0, "stage": "loading"},
+        # Without a job store (a merge's EVALUATING step, `alloy evaluate`), the service scores folders only.
+        self._job_runner = (
+            JobRunner(
+                jobs,
+                JobKind.EVALUATION,
+                self._job_body,
+                heartbeat_s=heartbeat_s,
+                claim_progress={"percent": 0.0, "stage": "loading"},
+            )
+            if jobs is not None
+            else None
         )
+
+    @property
+    def registry(self) -> ModelRegistry:
+        if self.models is None:
+            raise RuntimeError("this EvaluationService scores model folders only: it has no model registry")
+        return self.models
+
+    @property
+    def job_runner(self) -> JobRunner:
+        if self._job_runner is None:
+            raise RuntimeError("this EvaluationService scores model folders only: it has no job store")
+        return self._job_runner
 
     # -- models ---------------------------------------------------------------------------------------------
     def _load_registered(self, model_id: str) -> LoadedModel:
-        if not self.models.exists(model_id):
+        if not self.registry.exists(model_id):
             raise model_not_found(model_id)
         # local_dir verifies the files against their registered sha256 (and refuses a broken model)
-        return self.cache.get(f"id:{model_id}", lambda: load_model(self.models.local_dir(model_id), model_id))
+        return self.cache.get(f"id:{model_id}", lambda: load_model(self.registry.local_dir(model_id), model_id))
 
     def cache_stats(self) -> dict[str, float]:
         return self.cache.stats().model_dump()
@@ -151,10 +170,10 @@ class EvaluationService:
         seed: int = 0,
     ) -> CandidateEvaluator:
         """A CandidateEvaluator whose skeleton is the registered model ``base_model_id``."""
-        if not self.models.exists(base_model_id):
+        if not self.registry.exists(base_model_id):
             raise model_not_found(base_model_id)
         return CandidateEvaluator(
-            self.models.local_dir(base_model_id),
+            self.registry.local_dir(base_model_id),
             self.source,
             dataset_ids,
             split,
@@ -215,9 +234,9 @@ class EvaluationService:
     def _job_body(self, run: JobRun) -> dict[str, Any]:
         request = parse_request(run.record.request)
         for model_id in request.model_ids:  # fail before RUNNING on anything unknown, broken or damaged
-            if not self.models.exists(model_id):
+            if not self.registry.exists(model_id):
                 raise model_not_found(model_id)
-            self.models.local_dir(model_id)
+            self.registry.local_dir(model_id)
         for dataset_id in request.datasets:
             self.source.load(dataset_id, request.split)
         run.transition(JobState.RUNNING, progress={"stage": "scoring"})

@@ -17,14 +17,14 @@ from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from alloy.errors import AlloyError, ErrorCode, not_found, public_message, validation_failed
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import JobEventRow, JobRow
-from alloy.storage.db.page import check_paging
+from alloy.storage.db.page import check_paging, count_rows, rows_changed
 from alloy.storage.db.types import utcnow
 
 
@@ -93,12 +93,12 @@ class JobRecord(BaseModel):
     def from_row(cls, row: JobRow) -> JobRecord:
         return cls(
             id=row.id,
-            kind=row.kind,
-            state=row.state,
+            kind=JobKind(row.kind),
+            state=JobState(row.state),
             progress=row.progress or {},
             request=row.request or {},
             result=row.result,
-            error=row.error,
+            error=JobError.model_validate(row.error) if row.error else None,
             owner=row.owner,
             attempts=row.attempts,
             created_at=row.created_at,
@@ -232,12 +232,13 @@ class JobStore:
                 if current.terminal:
                     raise _conflict(job_id, current.value, current.value, "progress after the end:")
                 merged = {**(row.progress or {}), **progress}
-                changed = session.execute(
+                changed = rows_changed(
+                    session,
                     update(JobRow)
                     .where(JobRow.id == job_id, JobRow.state == current.value)
                     .values(progress=merged, updated_at=utcnow())
-                    .execution_options(synchronize_session=False)
-                ).rowcount
+                    .execution_options(synchronize_session=False),
+                )
             if changed == 1:
                 return self.get(job_id)
         raise _conflict(job_id, "?", "progress", "kept changing state during")
@@ -276,12 +277,13 @@ class JobStore:
                 event = "interrupted"
             elif current is JobState.CREATED and row.attempts > 0:
                 event = "replayed"
-            changed = session.execute(
+            changed = rows_changed(
+                session,
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state == current.value, JobRow.attempts == row.attempts)
                 .values(**values)
-                .execution_options(synchronize_session=False)
-            ).rowcount
+                .execution_options(synchronize_session=False),
+            )
             if changed != 1:
                 raise _conflict(job_id, current.value, target.value, "lost a concurrent move")
             session.add(
@@ -326,7 +328,7 @@ class JobStore:
         if owner is not None:
             query = query.where(JobRow.owner == owner)
         with self.db.session() as session:
-            total = session.scalar(select(func.count()).select_from(query.subquery()))
+            total = count_rows(session, query)
             rows = session.scalars(
                 query.order_by(JobRow.created_at.desc(), JobRow.id).offset(offset).limit(limit)
             ).all()
@@ -362,8 +364,8 @@ class JobStore:
                     id=r.id,
                     job_id=r.job_id,
                     event=r.event,
-                    from_state=r.from_state,
-                    to_state=r.to_state,
+                    from_state=JobState(r.from_state) if r.from_state else None,
+                    to_state=JobState(r.to_state) if r.to_state else None,
                     reason=r.reason,
                     details=r.details,
                     at=r.at,

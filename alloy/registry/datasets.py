@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from alloy.errors import AlloyError, ErrorCode, from_validation_error, not_found, validation_failed
@@ -25,7 +25,7 @@ from alloy.storage.artifact_catalog import ArtifactCatalog
 from alloy.storage.artifacts import ArtifactStore
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import DatasetRow
-from alloy.storage.db.page import check_paging
+from alloy.storage.db.page import check_paging, count_rows
 from alloy.storage.db.types import utcnow
 
 DATASETS_PREFIX = "datasets"
@@ -212,7 +212,7 @@ class DatasetRegistry:
         if owner is not None:
             query = query.where(DatasetRow.owner == owner)
         with self.db.session() as session:
-            total = session.scalar(select(func.count()).select_from(query.subquery()))
+            total = count_rows(session, query)
             rows = session.scalars(query.order_by(DatasetRow.id).offset(offset).limit(limit)).all()
             return Page[DatasetRecord](
                 items=[DatasetRecord.from_row(r) for r in rows], total=total, offset=offset, limit=limit

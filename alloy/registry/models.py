@@ -9,6 +9,7 @@ damaged model is marked ``broken`` (as the start-up consistency check marks one)
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 from datetime import datetime
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, computed_field
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
@@ -28,7 +29,7 @@ from alloy.storage.artifact_catalog import ArtifactCatalog
 from alloy.storage.artifacts import ArtifactStore, CorruptArtifact
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import ModelRow
-from alloy.storage.db.page import check_paging
+from alloy.storage.db.page import check_paging, count_rows
 from alloy.storage.db.types import utcnow
 from alloy.storage.integrity import Damage, FileRecord, FileVerifier, damaged_model, digest_files
 
@@ -261,7 +262,7 @@ class ModelRegistry:
         if owner is not None:
             query = query.where(ModelRow.owner == owner)
         with self.db.session() as session:
-            total = session.scalar(select(func.count()).select_from(query.subquery()))
+            total = count_rows(session, query)
             rows = session.scalars(query.order_by(ModelRow.id).offset(offset).limit(limit)).all()
             return Page[ModelRecord](
                 items=[ModelRecord.from_row(r) for r in rows], total=total, offset=offset, limit=limit
@@ -352,7 +353,7 @@ class ModelRegistry:
             if row is not None and row.broken != reason:
                 row.broken = reason[:2000] if reason else None
 
-    def discard_unfinished(self, model_id: str, job_id: str) -> list[str]:
+    def discard_unfinished(self, model_id: str, job_id: str) -> builtins.list[str]:
         """Remove what a lost run of job ``job_id`` left of its output ``model_id``: staging leftovers of its
         copy into the store, a published folder without a record (killed between the rename and the commit),
         or the registration itself when that very job made it (killed before COMPLETED). Returns what went."""

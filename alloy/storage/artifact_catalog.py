@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 
 from alloy.errors import not_found
 from alloy.storage.artifacts import ArtifactInfo, ArtifactStore
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import ArtifactRow
-from alloy.storage.db.page import check_paging
+from alloy.storage.db.page import check_paging, count_rows, rows_changed
 from alloy.storage.db.types import utcnow
 
 
@@ -64,15 +64,16 @@ class ArtifactCatalog:
         if owner is not None:
             query = query.where(ArtifactRow.owner == owner)
         with self.db.session() as session:
-            total = session.scalar(select(func.count()).select_from(query.subquery()))
+            total = count_rows(session, query)
             rows = session.scalars(query.order_by(ArtifactRow.key).offset(offset).limit(limit)).all()
             return Page[ArtifactRecord](items=[self._record(r) for r in rows], total=total, offset=offset, limit=limit)
 
     def forget_prefix(self, prefix: str) -> int:
         with self.db.session() as session:
-            return session.execute(
-                delete(ArtifactRow).where(ArtifactRow.key.startswith(prefix.rstrip("/") + "/", autoescape=True))
-            ).rowcount
+            return rows_changed(
+                session,
+                delete(ArtifactRow).where(ArtifactRow.key.startswith(prefix.rstrip("/") + "/", autoescape=True)),
+            )
 
     def delete(self, key: str) -> None:
         self.store.delete(key)

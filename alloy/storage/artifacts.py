@@ -201,7 +201,7 @@ class ArtifactStore:
             self.delete_prefix(prefix)
         staging = self._staging_path(prefix)
         try:
-            entries = []
+            entries: list[dict[str, Any]] = []
             for name in names:
                 with open(local_dir / name, "rb") as handle:
                     size, sha256 = self._write(f"{staging}/{name}", _chunks_of(handle, self.chunk_bytes))
@@ -304,7 +304,7 @@ class ArtifactStore:
         found = self.fs.find(base, detail=True)
         keys = {self._key_of(path): entry["size"] for path, entry in found.items() if entry["type"] == "file"}
         pending = [k[: -len(PENDING_MARKER)] for k in keys if posixpath.basename(k) == PENDING_MARKER]
-        hashes: dict[str, str] = {}
+        hashes: dict[str, str | None] = {}
         for key in keys:
             if posixpath.basename(key) == DIR_MANIFEST:
                 folder = posixpath.dirname(key)

@@ -144,7 +144,9 @@ def _new_plaintext(key_id: str) -> str:
 
 
 def _validate_scopes(scopes: Iterable[str]) -> list[str]:
-    chosen = sorted(set(scopes), key=_SCOPE_RANK.get) if all(s in _SCOPE_RANK for s in scopes) else None
+    chosen = (
+        sorted(set(scopes), key=lambda scope: _SCOPE_RANK[scope]) if all(s in _SCOPE_RANK for s in scopes) else None
+    )
     if not chosen:
         raise AlloyError(
             ErrorCode.VALIDATION_FAILED, f"scopes must be a non-empty subset of {list(SCOPES)}", {"field": "scopes"}
@@ -325,7 +327,8 @@ class ApiKeyStore:
         """
         configured = _secret_text(configured_key)
         if configured:
-            return self._import_configured_admin(configured)
+            self._import_configured_admin(configured)
+            return None
         with self.db.session() as session:
             any_admin = any("admin" in (scopes or []) for scopes in session.scalars(select(ApiKeyRow.scopes)))
         if any_admin:

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from alloy.errors import not_found, validation_failed
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import ExperimentRecordRow, ExperimentRow, TrackerLogRow, TrialRow
-from alloy.storage.db.page import check_paging
+from alloy.storage.db.page import check_paging, count_rows
 from alloy.storage.db.types import utcnow
 
 
@@ -103,7 +103,7 @@ class ExperimentTracker:
         if owner is not None:
             query = query.where(ExperimentRow.owner == owner)
         with self.db.session() as session:
-            total = session.scalar(select(func.count()).select_from(query.subquery()))
+            total = count_rows(session, query)
             rows = session.scalars(
                 query.order_by(ExperimentRow.created_at.desc(), ExperimentRow.id).offset(offset).limit(limit)
             ).all()

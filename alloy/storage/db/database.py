@@ -93,7 +93,10 @@ class Database:
         return config
 
     def head_revision(self) -> str:
-        return ScriptDirectory.from_config(self.alembic_config()).get_current_head()
+        head = ScriptDirectory.from_config(self.alembic_config()).get_current_head()
+        if head is None:  # a packaging error: the migrations are part of the package
+            raise RuntimeError(f"no Alembic migrations in {MIGRATIONS_DIR}")
+        return head
 
     def current_revision(self) -> str | None:
         with self.engine.connect() as connection:

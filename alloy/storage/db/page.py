@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
+from sqlalchemy import CursorResult, Executable, Select, func, select
+from sqlalchemy.orm import Session
 
 from alloy.errors import validation_failed
 
@@ -31,3 +33,13 @@ def check_paging(offset: int, limit: int) -> None:
 
 
 __all__ = ["MAX_OFFSET", "MAX_PAGE_SIZE", "Page", "check_paging"]
+
+
+def count_rows(session: Session, query: Select[Any]) -> int:
+    """How many rows ``query`` selects (a listing's ``total``)."""
+    return session.scalar(select(func.count()).select_from(query.subquery())) or 0
+
+
+def rows_changed(session: Session, statement: Executable) -> int:
+    """Execute an UPDATE or DELETE and return how many rows it changed (the compare-and-set answer)."""
+    return cast(CursorResult[Any], session.execute(statement)).rowcount

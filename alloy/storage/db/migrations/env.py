@@ -12,7 +12,7 @@ target_metadata = Base.metadata
 
 
 def run_migrations_online() -> None:
-    engine = config.attributes.get("engine") or create_engine(config.get_main_option("sqlalchemy.url"))
+    engine = config.attributes.get("engine") or create_engine(config.get_main_option("sqlalchemy.url") or "")
     with engine.connect() as connection:
         context.configure(
             connection=connection,
