@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from alloy.errors import AlloyError, ErrorCode
 from alloy.ids import ResourceId
@@ -75,9 +75,23 @@ class MergeRequest(BaseModel):
     dtype: str | None = Field(None, description="float32 | float16 | bfloat16")
     seed: int | None = Field(None, description="Seed for stochastic strategies (dare)")
     evaluate: EvaluateSpec | None = Field(None, description="Evaluate the merged model before COMPLETED")
+    parallelism: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Fan the merge out: up to this many groups of output shards, each a Ray task on any node, "
+        "writing its shards straight to the artifact store (1: one process). Default: the server decides by "
+        "the output size (merge.fanout_threshold_bytes). Bit-identical either way; not with evaluate",
+    )
+
+    @model_validator(mode="after")
+    def _fanout_without_evaluate(self) -> MergeRequest:
+        if self.parallelism and self.parallelism > 1 and self.evaluate is not None:
+            raise ValueError("parallelism > 1 cannot be combined with evaluate (the output is never on one node)")
+        return self
 
     def recipe(self) -> MergeRecipe:
-        fields = self.model_dump(exclude={"output_model_id", "evaluate"})
+        fields = self.model_dump(exclude={"output_model_id", "evaluate", "parallelism"})
         return validate_recipe(MergeRecipe.from_request_fields(**fields))
 
 

@@ -29,6 +29,9 @@ from alloy.storage.model_cache import CachedModel, ModelCache
 logger = logging.getLogger("alloy.jobs.merge")
 
 Evaluate = Callable[[Path, MergeRequest], dict[str, Any]]
+# Runs the job fanned out over several nodes and returns its result, or None to merge here
+# (alloy.jobs.merge_fanout.FanoutCoordinator).
+Fanout = Callable[[JobRun, MergeRequest, MergeRecipe], "dict[str, Any] | None"]
 
 
 class MergeJobRunner:
@@ -46,6 +49,8 @@ class MergeJobRunner:
         max_in_flight: int | None = None,
         evaluate: Evaluate | None = None,
         heartbeat_s: float = 5.0,
+        fanout: Fanout | None = None,
+        node: str | None = None,
     ):
         self.jobs = jobs
         self.models = models
@@ -55,6 +60,8 @@ class MergeJobRunner:
         self.shard_bytes = shard_bytes
         self.max_in_flight = max_in_flight
         self.evaluate = evaluate
+        self.fanout = fanout
+        self.node = node  # where this runner coordinates its jobs (recorded in each result)
         self.job_runner = JobRunner(
             jobs, JobKind.MERGE, self._body, heartbeat_s=heartbeat_s, claim_progress={"stage": "preparing"}
         )
@@ -79,7 +86,11 @@ class MergeJobRunner:
         out_dir = self.work_dir / f"{run.job_id}-{uuid.uuid4().hex[:8]}"
         run.on_exit(lambda: shutil.rmtree(out_dir, ignore_errors=True))
         request = MergeRequest.model_validate(run.record.request)
-        recipe, sources = self._prepare(request)
+        recipe = self._check(request)
+        fanned = self.fanout(run, request, recipe) if self.fanout is not None else None
+        if fanned is not None:
+            return {**fanned, **self._where()}
+        sources = self._inputs(recipe)
         run.check_cancel()
         result = self._merge(run, recipe, sources, out_dir)
         evaluation = None
@@ -101,9 +112,12 @@ class MergeJobRunner:
         run.on_undo(lambda: self._unregister(record.id))
         # Scratch goes before COMPLETED, so that a completed job never leaves anything behind it.
         shutil.rmtree(out_dir, ignore_errors=True)
-        return {"model_id": record.id, "evaluation": evaluation, **_summary(result)}
+        return {"model_id": record.id, "evaluation": evaluation, **_summary(result), **self._where()}
 
-    def _prepare(self, request: MergeRequest) -> tuple[MergeRecipe, dict[str, Path]]:
+    def _where(self) -> dict[str, Any]:
+        return {"node": self.node} if self.node else {}
+
+    def _check(self, request: MergeRequest) -> MergeRecipe:
         recipe = request.recipe()
         if self.models.exists(request.output_model_id):
             raise AlloyError(
@@ -111,9 +125,12 @@ class MergeJobRunner:
                 f"model {request.output_model_id!r} already exists",
                 {"model_id": request.output_model_id},
             )
+        return recipe
+
+    def _inputs(self, recipe: MergeRecipe) -> dict[str, Path]:
         resolved = {model_id: self.cache.get(model_id) for model_id in recipe.model_ids}
         check_compatibility(recipe, {model_id: entry.manifest for model_id, entry in resolved.items()})
-        return recipe, {model_id: entry.local_dir for model_id, entry in resolved.items()}
+        return {model_id: entry.local_dir for model_id, entry in resolved.items()}
 
     def _merge(self, run: JobRun, recipe: MergeRecipe, sources: dict[str, Path], out_dir: Path) -> MergeResult:
         run.transition(JobState.RUNNING, progress={"stage": "merging"})

@@ -94,16 +94,18 @@ class ModelRegistry:
         owner: str | None = None,
         lineage: dict[str, Any] | None = None,
         copy_into_store: bool = True,
+        manifest: ModelManifest | None = None,
     ) -> ModelRecord:
         """Register a folder (inside the model roots or the data dir) or an artifact folder (URI or key of this
         store). A local folder is copied into the store under ``models/<id>/`` unless ``copy_into_store`` is
-        False, in which case the registry points at it in place."""
+        False, in which case the registry points at it in place. ``manifest``: an artifact folder's manifest as
+        its publisher read it from the headers it wrote (a fanned-out merge), so that it is not downloaded."""
         check_id("model", model_id)
         self._refuse_taken(model_id)
         artifact_key = self._artifact_key(source)
         source_path: Path | None = None
         if artifact_key is not None:
-            manifest = read_manifest(self._fetch_artifact(model_id, artifact_key))
+            manifest = manifest or read_manifest(self._fetch_artifact(model_id, artifact_key))
             prefix = artifact_key
         else:
             source_path = self._confined_local(source)
