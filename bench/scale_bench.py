@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import os
 import shutil
 import sys
@@ -74,6 +75,7 @@ def start_s3():
         {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     )
     port = pick_port_block(1)[0]
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per S3 request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
@@ -252,12 +254,24 @@ def main() -> None:
             groups = merge.get("groups") or []
             overhead = wall - max(g["seconds"] for g in groups) if groups else None
             rows.append((label, wall, merge, sampler.peak, overhead, output))
-        print(f"\n{'run':24s} {'wall s':>7s} {'merge s':>8s}  {'peak RSS MB per node':28s} coordination s")
+        print(
+            f"\n{'run':24s} {'wall s':>6s} {'fetch':>6s} {'merge':>6s} {'upload':>6s} {'start':>6s} {'publish':>7s}"
+            f"  {'coordination':>12s}  peak RSS MB per node"
+        )
         for label, wall, merge, peak, overhead, _ in rows:
             rss = " ".join(f"{name}={value / 1e6:.0f}" for name, value in peak.items())
-            print(
-                f"{label:24s} {wall:7.1f} {merge['seconds']:8.1f}  {rss:28s} {overhead if overhead is None else round(overhead, 1)}"
-            )
+            groups = merge.get("groups")
+            if groups:  # the slowest group's phases; start = launching the tasks; publish = the coordinator's end
+                slow = max(groups, key=lambda g: g["seconds"])
+                phases = (slow["fetch_s"], slow["seconds"] - slow["fetch_s"] - slow["upload_s"], slow["upload_s"])
+                extra = (merge["groups_s"] - slow["seconds"], merge["publish_s"])
+                cells = " ".join(f"{v:6.1f}" for v in phases) + f" {extra[0]:6.1f} {extra[1]:7.1f}  {overhead:12.1f}"
+            else:  # one process: fetch, upload and publish are not split (wall - merge)
+                cells = (
+                    f"{wall - merge['seconds']:5.1f}* {merge['seconds']:6.1f} {'-':>6s} {'-':>6s} {'-':>7s}  {'-':>12s}"
+                )
+            print(f"{label:24s} {wall:6.1f} {cells}  {rss}")
+        print("* one process: fetch + upload + publish + register together (wall - merge)")
         out_bytes = rows[0][2]["bytes"]
         for kind, one, fan in (("cold", rows[0], rows[1]), ("warm", rows[2], rows[3])):
             print(f"speed-up ({kind}): one process / fan-out = {one[1] / fan[1]:.2f}x")

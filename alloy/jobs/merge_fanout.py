@@ -1,7 +1,7 @@
 """A fanned-out merge job, the coordinator's side (plain Python, no Ray): what the MergeEngine replica that
 claimed the job does instead of merging in its own process.
 
-1. **Decide** (:meth:`FanoutCoordinator.groups_for`): the request's ``parallelism``, else ``merge.fanout_groups``
+1. **Decide** (:func:`fanout_groups`): the request's ``parallelism``, else ``merge.fanout_groups``
    when the output is at least ``merge.fanout_threshold_bytes`` (never with ``evaluate``: the output is never
    on one node); a merge whose output has a single shard runs in one process.
 2. **Plan** from the registry's manifests only (nothing is downloaded here), cut the output into shards exactly
@@ -48,6 +48,7 @@ from alloy.model_manifest import manifest_from_headers
 from alloy.registry.models import MODELS_PREFIX, ModelRegistry
 
 POLL_S = 0.2
+GROUP_SUMMARY = {"index", "node", "attempt", "tensors", "bytes", "seconds", "fetch_s", "upload_s"}
 DEFAULT_RETRIES = 2
 
 
@@ -68,6 +69,18 @@ class GroupLauncher(Protocol):
         """Start one group; ``report`` gets its progress events (any thread), then exactly one GroupResult or
         GroupFailure. Returns a function that cancels it."""
         ...
+
+
+def fanout_groups(request: MergeRequest, layout: ShardLayout, settings: MergeSettings) -> int | None:
+    """How many groups the merge is fanned out over, or None: it runs in one process."""
+    if len(layout.shards) < 2:
+        return None
+    if request.parallelism is not None:
+        return request.parallelism if request.parallelism > 1 else None
+    threshold = settings.fanout_threshold_bytes
+    if request.evaluate is None and threshold is not None and layout.total_bytes >= threshold:
+        return settings.fanout_groups
+    return None
 
 
 class FanoutCoordinator:
@@ -92,20 +105,10 @@ class FanoutCoordinator:
         manifests = {model_id: self.models.manifest(model_id) for model_id in recipe.model_ids}
         plan = prepare(recipe, manifests)
         layout = shard_layout(plan, self.settings.shard_bytes)
-        groups = self.groups_for(request, layout)
+        groups = fanout_groups(request, layout, self.settings)
         if groups is None:
             return None
         return self.run(run, request, plan, layout, split_groups(layout, groups))
-
-    def groups_for(self, request: MergeRequest, layout: ShardLayout) -> int | None:
-        if len(layout.shards) < 2:
-            return None
-        if request.parallelism is not None:
-            return request.parallelism if request.parallelism > 1 else None
-        threshold = self.settings.fanout_threshold_bytes
-        if request.evaluate is None and threshold is not None and layout.total_bytes >= threshold:
-            return self.settings.fanout_groups
-        return None
 
     # -- running the groups --------------------------------------------------------------------------------
     def run(
@@ -129,6 +132,7 @@ class FanoutCoordinator:
             specs, run, _Progress(ProgressReporter(run.jobs, run.job_id), layout)
         )
         run.check_cancel()
+        grouped = time.perf_counter()
         record = self._publish(run, request, plan, layout, staging_id, results)
         return {
             "model_id": record.id,
@@ -137,9 +141,9 @@ class FanoutCoordinator:
                 "tensors": layout.tensor_count,
                 "bytes": layout.total_bytes,
                 "seconds": time.perf_counter() - started,
-                "groups": [
-                    r.model_dump(include={"index", "node", "attempt", "tensors", "bytes", "seconds"}) for r in results
-                ],
+                "groups_s": grouped - started,  # launch to the last group's result
+                "publish_s": time.perf_counter() - grouped,  # index, config, card, publish, register
+                "groups": [r.model_dump(include=GROUP_SUMMARY) for r in results],
                 "shards": len(layout.shards),
             },
         }

@@ -99,6 +99,7 @@ def run_group(
     """Merge the group's shards and stage them in the artifact store; returns their files and headers."""
     started = time.perf_counter()
     sources = local_inputs(services.models, recipe.model_ids)
+    fetched = time.perf_counter()
     out_dir = services.work_dir / f"{spec.job_id}-g{spec.index}-{uuid.uuid4().hex[:8]}"
     throttle = _Throttle(spec.index, progress)
     try:
@@ -114,6 +115,7 @@ def run_group(
             shards=spec.shards,
         )
         throttle.flush()
+        merged = time.perf_counter()
         files, headers = [], {}
         for path in sorted(out_dir.glob("*.safetensors")):
             headers[path.name] = read_safetensors_header(path)
@@ -131,6 +133,8 @@ def run_group(
         tensors=result.tensors,
         bytes=result.bytes,
         seconds=time.perf_counter() - started,
+        fetch_s=fetched - started,
+        upload_s=time.perf_counter() - merged,
         attempt=spec.attempt,
     )
 

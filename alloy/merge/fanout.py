@@ -113,6 +113,8 @@ class GroupResult(BaseModel):
     headers: dict[str, dict[str, Any]] = Field(description="each written shard's safetensors header")
     tensors: int
     bytes: int
-    seconds: float
+    seconds: float  # fetch + merge + upload
+    fetch_s: float = 0.0  # the inputs into this node's cache (0 when cached)
+    upload_s: float = 0.0  # its shards into the artifact store's staging
     node: str | None = None  # where it ran, for the job's record
     attempt: int = 0

@@ -89,3 +89,30 @@ def test_parallelism_is_bounded_and_not_combined_with_evaluate():
     with pytest.raises(ValidationError, match="evaluate"):
         MergeRequest(**base, parallelism=2, evaluate={"datasets": ["d"]})
     assert MergeRequest(**base, parallelism=1, evaluate={"datasets": ["d"]}).parallelism == 1
+
+
+def _shards(count: int, nbytes: int = 1024) -> ShardLayout:
+    return _layout([nbytes] * count)
+
+
+@pytest.mark.parametrize(
+    "parallelism, evaluate, layout, threshold, expected",
+    [
+        (4, None, _shards(8), None, 4),  # asked for
+        (1, None, _shards(8), 1, None),  # one process, asked for: the threshold does not apply
+        (None, None, _shards(8), 8 * 1024, 3),  # at the threshold: the configured groups
+        (None, None, _shards(8), 8 * 1024 + 1, None),  # below it
+        (None, None, _shards(8), None, None),  # no threshold: only on request
+        (None, {"datasets": ["d"]}, _shards(8), 1, None),  # evaluate keeps the output on one node
+        (4, None, _shards(1), None, None),  # one shard cannot be split
+    ],
+)
+def test_when_a_merge_is_fanned_out(parallelism, evaluate, layout, threshold, expected):
+    from alloy.config import MergeSettings
+    from alloy.jobs.merge_fanout import fanout_groups
+
+    request = MergeRequest(
+        models=["a", "b"], strategy="ties", output_model_id="out", parallelism=parallelism, evaluate=evaluate
+    )
+    settings = MergeSettings(fanout_threshold_bytes=threshold, fanout_groups=3)
+    assert fanout_groups(request, layout, settings) == expected
