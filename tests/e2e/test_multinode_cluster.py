@@ -42,7 +42,7 @@ def family(multinode: MultiNodeCluster, tiny_family, tiny_model_factory) -> dict
         "big2": tiny_model_factory("llama", seed=22, base=big_base, **BIG),
     }
     for model_id, path in folders.items():
-        multinode.service.register_model(model_id, path)
+        multinode.register_model(model_id, path)
     return folders
 
 
@@ -92,17 +92,16 @@ def test_every_node_is_listed_and_the_engines_run_on_workers(multinode):
 
 
 def test_node_local_storage_is_refused_on_several_nodes(multinode, tmp_path):
-    """`serve deploy` of an application with SQLite and a local artifact folder, next to the running one: the
-    builder refuses it (the multi-node storage rule), the running application is untouched."""
+    """The app builder, on a driver of this 3-node cluster, with the default SQLite database and local artifact
+    folder: refused before anything is deployed (the multi-node storage rule); the running app is untouched."""
     outcome = multinode.driver(
-        "deploy-refused",
+        "build-refused",
         {**multinode.app_payload, "refused_settings": {"data_dir": str(tmp_path), "model_roots": []}},
     )
-    assert outcome["refused_status"] == "DEPLOY_FAILED", outcome
-    message = outcome["refused_message"]
-    assert "3 nodes, which needs shared storage" in message
-    assert "database.url is SQLite" in message and "artifacts.uri is a local folder" in message
-    assert outcome["applications"] == ["alloy"]
+    assert outcome["nodes"] == 3 and outcome["code"] == "VALIDATION_FAILED", outcome
+    assert "this Ray cluster has 3 nodes, which needs shared storage" in outcome["message"]
+    assert "database.url is SQLite" in outcome["message"] and "artifacts.uri is a local folder" in outcome["message"]
+    assert outcome["details"]["alive_nodes"] == 3
     assert multinode.service.client("read").get("/health").json()["status"] == "healthy"
 
 
@@ -150,7 +149,7 @@ def _trial_nodes(multinode: MultiNodeCluster) -> set[str]:
 
 def test_an_evolution_runs_its_trials_on_both_workers(multinode):
     request = yaml.safe_load((ROOT / "configs" / "evolve-tiny.yaml").read_text())
-    request["search"].update(population=4, generations=2, finalists=1)  # 4 x 0.5 CPU: more than one worker holds
+    request["search"].update(population=4, generations=1, finalists=1)  # 4 x 0.5 CPU: more than one worker holds
     request["name"] = "evolution on two workers"
     client = multinode.service.client("write")
     accepted = client.post("/evolutions", json=request)

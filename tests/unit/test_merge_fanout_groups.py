@@ -10,6 +10,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from alloy.config import MergeSettings
+from alloy.jobs.merge_fanout import fanout_groups
 from alloy.jobs.merge_request import MergeRequest
 from alloy.merge.executor import execute_merge, prepare
 from alloy.merge.fanout import Shard, ShardLayout, shard_layout, split_groups
@@ -108,9 +110,6 @@ def _shards(count: int, nbytes: int = 1024) -> ShardLayout:
     ],
 )
 def test_when_a_merge_is_fanned_out(parallelism, evaluate, layout, threshold, expected):
-    from alloy.config import MergeSettings
-    from alloy.jobs.merge_fanout import fanout_groups
-
     request = MergeRequest(
         models=["a", "b"], strategy="ties", output_model_id="out", parallelism=parallelism, evaluate=evaluate
     )
