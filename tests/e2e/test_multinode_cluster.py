@@ -242,4 +242,7 @@ def test_a_drained_worker_finishes_its_merge_and_starts_nothing_new(multinode, f
     for accepted in later:
         job = multinode.service.wait_job(accepted["progress_url"], timeout_s=300)
         assert job["state"] == "COMPLETED" and job["result"]["node"] != node_id, job
-    assert admin.get("/health").json()["draining_nodes"] == [node_id]
+    # Once Serve has moved its replicas away and its work is done, the drained raylet leaves the cluster.
+    health = admin.get("/health").json()
+    alive = {n["node_id"] for n in health["nodes"] if n["alive"]}
+    assert health["draining_nodes"] == ([node_id] if node_id in alive else [])
