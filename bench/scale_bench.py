@@ -11,10 +11,11 @@ machine; a real cluster uses PostgreSQL). Each node has its own data dir, hence 
 
 Runs, in this order: one process cold (its node's cache empty: the inputs are downloaded first), fanned out
 cold (every node's cache empty), then both again warm (the inputs cached on every node: only the merge and the
-upload of the output). For each: wall seconds of the job (claim to COMPLETED), the merge's own seconds, and the
+upload of the output), then the fan-out once more at once (its Ray worker processes still alive: no start-up). For each: wall seconds of the job (claim to COMPLETED), the merge's own seconds, and the
 peak RSS of the merging processes per node (sampled every 0.2 s: the job process, or the group tasks, of each
-node). The coordination overhead of a fanned-out job is its wall time minus its slowest group's (launching
-the tasks, the index/config/card, the publish and the registration). The artifact store's bandwidth from this
+node). The coordination overhead of a fanned-out job is its wall time minus its slowest group's: ``start``
+(launching the tasks: a Ray worker process importing torch, unless one is idle) and ``publish`` (the index,
+config and card, the server-side copy into place and the registration; the one-process job publishes too). The artifact store's bandwidth from this
 machine is measured on one model's files: upload into staging, publish (the server-side copy into place), verified
 download. The outputs of the four runs are compared by the sha256 of every published file (they must be equal).
 
@@ -50,19 +51,39 @@ def start_cluster(root: Path, workers: int):
     from alloy.control.nodes import start_ray_worker
     from alloy.control.ray_head import start_ray_head
 
-    head = start_ray_head(root / "head", num_cpus=0, include_dashboard=False, object_store_bytes=128 * 1024**2)
-    nodes = {
-        f"w{i + 1}": start_ray_worker(
-            head,
-            f"w{i + 1}",
-            root / f"w{i + 1}" / "ray",
-            num_cpus=1,
-            object_store_bytes=128 * 1024**2,
-            env={"ALLOY_DATA_DIR": str(root / f"w{i + 1}" / "data")},
-        )
-        for i in range(workers)
-    }
+    # Ray's memory monitor watches the whole (shared) machine: off, or other users' memory kills our workers.
+    head = start_ray_head(
+        root / "head",
+        num_cpus=0,
+        include_dashboard=False,
+        object_store_bytes=128 * 1024**2,
+        extra_env={"RAY_memory_monitor_refresh_ms": "0"},
+    )
+    nodes: dict = {}
+    try:
+        for i in range(workers):
+            name = f"w{i + 1}"
+            nodes[name] = start_ray_worker(
+                head,
+                name,
+                root / name / "ray",
+                num_cpus=1,
+                object_store_bytes=128 * 1024**2,
+                env={"ALLOY_DATA_DIR": str(root / name / "data"), "RAY_memory_monitor_refresh_ms": "0"},
+                ready_timeout_s=180,
+            )
+    except BaseException:
+        stop_cluster(head, nodes)
+        raise
     return head, nodes
+
+
+def stop_cluster(head, nodes: dict) -> None:
+    from alloy.control.ray_head import stop_ray_head
+
+    for node in nodes.values():
+        node.stop(timeout_s=5)
+    stop_ray_head(head, timeout_s=5)
 
 
 def start_s3():
@@ -117,6 +138,12 @@ def _tree(root: psutil.Process) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def _slowest(merge: dict) -> dict:
+    """The fanned-out job's slowest group, with its merge phase (its time less fetch and upload)."""
+    slow = max(merge["groups"], key=lambda g: g["seconds"])
+    return {**slow, "merge_s": slow["seconds"] - slow["fetch_s"] - slow["upload_s"]}
 
 
 def store_bandwidth(store, folder: Path, work: Path) -> tuple[float, float, float]:
@@ -182,7 +209,6 @@ def main() -> None:
     import ray
 
     from alloy.config import load_settings
-    from alloy.control.ray_head import stop_ray_head
     from alloy.jobs.merge_request import MergeRequest
     from alloy.jobs.store import JobKind, JobStore
     from alloy.registry.models import ModelRegistry
@@ -201,7 +227,12 @@ def main() -> None:
     )
     work = Path(tempfile.mkdtemp(prefix="asb", dir="/tmp"))
     server, endpoint = start_s3()
-    head, nodes = start_cluster(work, args.workers)
+    try:
+        head, nodes = start_cluster(work, args.workers)
+    except BaseException:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     try:
         overrides = {
             "database": {"url": f"sqlite:///{work / 'alloy.db'}"},
@@ -243,6 +274,7 @@ def main() -> None:
             (f"fan-out x{args.workers}, cold", args.workers, True),
             ("one process, warm", 1, False),
             (f"fan-out x{args.workers}, warm", args.workers, False),
+            (f"fan-out x{args.workers}, warm workers", args.workers, False),  # the last run's worker processes
         ):
             if cold:
                 for name in nodes:
@@ -276,8 +308,8 @@ def main() -> None:
             rss = " ".join(f"{name}={value / 1e6:.0f}" for name, value in peak.items())
             groups = merge.get("groups")
             if groups:  # the slowest group's phases; start = launching the tasks; publish = the coordinator's end
-                slow = max(groups, key=lambda g: g["seconds"])
-                phases = (slow["fetch_s"], slow["seconds"] - slow["fetch_s"] - slow["upload_s"], slow["upload_s"])
+                slow = _slowest(merge)
+                phases = (slow["fetch_s"], slow["merge_s"], slow["upload_s"])
                 extra = (merge["groups_s"] - slow["seconds"], merge["publish_s"])
                 cells = " ".join(f"{v:6.1f}" for v in phases) + f" {extra[0]:6.1f} {extra[1]:7.1f}  {overhead:12.1f}"
             else:  # one process: fetch, upload and publish are not split (wall - merge)
@@ -287,8 +319,15 @@ def main() -> None:
             print(f"{label:24s} {wall:6.1f} {cells}  {rss}")
         print("* one process: fetch + upload + publish + register together (wall - merge)")
         out_bytes = rows[0][2]["bytes"]
-        for kind, one, fan in (("cold", rows[0], rows[1]), ("warm", rows[2], rows[3])):
-            print(f"speed-up ({kind}): one process / fan-out = {one[1] / fan[1]:.2f}x")
+        for kind, one, fan in (
+            ("cold", rows[0], rows[1]),
+            ("warm", rows[2], rows[3]),
+            ("warm workers", rows[2], rows[4]),
+        ):
+            print(
+                f"speed-up ({kind}): one process / fan-out = {one[1] / fan[1]:.2f}x end to end, "
+                f"{one[2]['seconds'] / _slowest(fan[2])['merge_s']:.2f}x on the merge itself"
+            )
         same = [{(f.key.rsplit("/", 1)[1], f.sha256) for f in store.dir_manifest(f"models/{row[5]}")} for row in rows]
         print(f"outputs identical (sha256 of every file, all four runs): {all(s == same[0] for s in same)}")
         warm_one = rows[2]
@@ -313,9 +352,7 @@ def main() -> None:
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        for node in nodes.values():
-            node.stop(timeout_s=5)
-        stop_ray_head(head, timeout_s=5)
+        stop_cluster(head, nodes)
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -142,7 +142,7 @@ def start_ray_worker(
     resources: dict[str, float] | None = None,
     object_store_bytes: int | None = None,
     env: dict[str, str] | None = None,
-    ready_timeout_s: float = 60.0,
+    ready_timeout_s: float = 120.0,
 ) -> RayWorkerNode:
     """Start a worker node joining ``head`` (token auth: the head's token) with ports from the free range."""
     temp_dir = Path(temp_dir)

@@ -1,19 +1,22 @@
 """A fanned-out merge job on the session Ray cluster (groups of shards as Ray tasks, the real job skeleton, the
 real registry on SQLite with a local and a moto S3 artifact store) against the single-process merge of the same
 recipe: the published folder is the same, file for file and byte for byte, random methods included; a group
-killed once is retried; a cancel requeues the job and publishes nothing."""
+killed once is retried; a cancel requeues the job and publishes nothing; so does a coordinator killed outright."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from alloy.config import MergeSettings, load_settings
 from alloy.control.merge_fanout import RayGroupLauncher
+from alloy.jobs.liveness import sweep_orphans
 from alloy.jobs.merge_fanout import FanoutCoordinator
 from alloy.jobs.merge_request import MergeRequest
 from alloy.jobs.merge_runner import MergeJobRunner
@@ -171,3 +174,57 @@ def test_one_process_when_asked_or_below_the_threshold(fanout_setup):
         job = jobs.create(JobKind.MERGE, _request(output, "ties", parallelism).model_dump(mode="json"))
         record = runner.run(job.id)
         assert record.state is JobState.COMPLETED and "groups" not in record.result["merge"]
+
+
+def _coordinate(load, job_id: str) -> str:
+    """A MergeEngine replica's part of a fanned-out job, in a Ray worker process of its own."""
+    from alloy.storage.artifacts import ArtifactStore
+
+    settings = load()
+    db = Database.from_settings(settings)
+    models = ModelRegistry.from_settings(settings, db, ArtifactStore.from_settings(settings))
+    fanout = FanoutCoordinator(models, RayGroupLauncher(load, num_cpus=0.25), settings.merge, settings.merge_work_dir)
+    runner = MergeJobRunner(JobStore(db), models, settings.merge_work_dir, fanout=fanout, heartbeat_s=1.0)
+    return runner.run(job_id).state.value
+
+
+def _processes(ray_cluster, marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.Process(ray_cluster.process.pid).children(recursive=True):
+        try:
+            if marker in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("store_backend", ["s3"], indirect=True)
+def test_a_dead_coordinator_leaves_nothing_visible_and_its_requeued_job_completes(
+    ray_cluster, fanout_setup, store_backend, tiny_family, tmp_path
+):
+    """The coordinating process killed (``kill -9``) while its groups run: Ray stops the groups with their owner,
+    no model is registered or visible, a sweeper requeues the silent job and its rerun completes bit-identically."""
+    import ray
+
+    settings, models, jobs, load = fanout_setup
+    job = jobs.create(JobKind.MERGE, _request("fan-orphan", "dare_ties").model_dump(mode="json"))
+    ray.remote(max_calls=1)(_coordinate).remote(load, job.id)
+    deadline = time.monotonic() + 120
+    while jobs.get(job.id).state is not JobState.RUNNING or not _processes(ray_cluster, "merge_group_task"):
+        assert time.monotonic() < deadline, jobs.get(job.id)
+        time.sleep(0.05)
+    (coordinator,) = _processes(ray_cluster, "_coordinate")
+    coordinator.kill()
+
+    time.sleep(3.0)  # its heartbeat (1 s) has stopped; Ray stops the dead owner's group tasks
+    assert not models.exists("fan-orphan") and not models.store.list("models/fan-orphan")
+    assert sweep_orphans(jobs, kind=JobKind.MERGE, stale_after_s=2.0) == [job.id]
+    assert jobs.get(job.id).state is JobState.CREATED and jobs.get(job.id).attempts == 1
+    record = _runner(fanout_setup).run(job.id)
+    assert record.state is JobState.COMPLETED, record.error
+    base, tunes = tiny_family
+    sources = {"base": base, "tune1": tunes[0], "tune2": tunes[1], "tune3": tunes[2]}
+    recipe = _request("fan-orphan", "dare_ties").recipe()
+    single = execute_merge(recipe, sources, tmp_path / "single", shard_bytes=SHARD_BYTES)
+    assert _digests(_published(models, "fan-orphan", tmp_path / "fanned")) == _digests(single.out_dir)
