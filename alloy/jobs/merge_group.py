@@ -98,6 +98,8 @@ def run_group(
 ) -> GroupResult:
     """Merge the group's shards and stage them in the artifact store; returns their files and headers."""
     started = time.perf_counter()
+    for stale in services.work_dir.glob(f"*{spec.job_id}-g{spec.index}-*"):  # an earlier attempt killed here
+        shutil.rmtree(stale, ignore_errors=True)
     sources = local_inputs(services.models, recipe.model_ids)
     fetched = time.perf_counter()
     out_dir = services.work_dir / f"{spec.job_id}-g{spec.index}-{uuid.uuid4().hex[:8]}"
