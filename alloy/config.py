@@ -74,7 +74,14 @@ class MergeSettings(BaseModel):
     shard_bytes: int = Field(2 * 1024**3, gt=0)
     max_in_flight: int = Field(4, ge=1, le=64)
     cache_bytes: int = Field(2 * 1024**3, ge=0)
-    threads: int = Field(1, ge=1, description="torch threads per MergeEngine replica")
+    threads: int = Field(1, ge=1, description="torch threads per MergeEngine replica (and per fan-out group)")
+    fanout_threshold_bytes: int | None = Field(
+        32 * 1024**3,
+        gt=0,
+        description="a merge whose output is at least this large is fanned out: groups of output shards run as Ray "
+        "tasks on any node (null: only when the request asks for `parallelism`)",
+    )
+    fanout_groups: int = Field(4, ge=2, le=256, description="groups of a merge fanned out by the size threshold")
 
 
 class EvaluationSettings(BaseModel):

@@ -159,13 +159,21 @@ def read_manifest(model_dir: str | Path) -> ModelManifest:
     except json.JSONDecodeError as exc:
         raise AlloyError(ErrorCode.VALIDATION_FAILED, f"config.json is not valid JSON: {exc}") from None
 
-    tensors: dict[str, TensorInfo] = {}
     shards = weight_files(model_dir)
-    for shard in shards:
-        header = read_safetensors_header(_confine(model_dir, shard))
-        for name, info in header.items():
-            tensors[name] = TensorInfo(shape=list(info["shape"]), dtype=info["dtype"], shard=shard)
+    return manifest_from_headers(
+        config, {shard: read_safetensors_header(_confine(model_dir, shard)) for shard in shards}
+    )
 
+
+def manifest_from_headers(config: dict[str, Any], headers: dict[str, dict[str, Any]]) -> ModelManifest:
+    """The manifest of a folder from its ``config.json`` and its shards' safetensors headers (shard name ->
+    header, in index order): what :func:`read_manifest` reads, for a folder whose shards are elsewhere (the groups
+    of a fanned-out merge wrote them straight to the artifact store)."""
+    tensors: dict[str, TensorInfo] = {}
+    for shard, header in headers.items():
+        for name, info in header.items():
+            if name != "__metadata__":
+                tensors[name] = TensorInfo(shape=list(info["shape"]), dtype=info["dtype"], shard=shard)
     architectures = config.get("architectures") or [None]
     structure = sorted((name, tuple(t.shape)) for name, t in tensors.items())
     fingerprint = hashlib.sha256(
@@ -179,7 +187,7 @@ def read_manifest(model_dir: str | Path) -> ModelManifest:
         dtypes=sorted({t.dtype for t in tensors.values()}),
         parameter_count=sum(t.numel for t in tensors.values()),
         size_bytes=sum(t.nbytes for t in tensors.values()),
-        shards=shards,
+        shards=list(headers),
         tensors=tensors,
         config=config,
         fingerprint=fingerprint,

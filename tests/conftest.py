@@ -1,6 +1,7 @@
 """Session-wide fixtures. Component fixtures live in ``tests/fixtures/<name>.py`` (one file per owner) and are
 loaded here as plugins when present: ``databases`` (SQLite + PostgreSQL), ``s3`` (moto server on loopback),
-``ray_cluster`` (one real Ray cluster per session), ``service`` (the Serve app over real HTTP)."""
+``ray_cluster`` (one real Ray cluster per session), ``service`` (the Serve app over real HTTP), ``multinode`` (a
+head and worker nodes with PostgreSQL and S3, per module)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = [
     f"tests.fixtures.{name}"
-    for name in ("databases", "s3", "ray_cluster", "service")
+    for name in ("databases", "s3", "ray_cluster", "service", "multinode")
     if importlib.util.find_spec(f"tests.fixtures.{name}") is not None
 ]
 

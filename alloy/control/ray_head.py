@@ -13,6 +13,7 @@ environment of the head and of every driver that connects (``RayHead.env``), so 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -78,10 +79,15 @@ def start_ray_head(
     include_dashboard: bool = True,
     ready_timeout_s: float = 120.0,
     log_file: Path | None = None,
+    resources: dict[str, float] | None = None,
+    object_store_bytes: int | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> RayHead:
     """Start ``ray start --head --block`` in its own process group with every port from the free range.
 
     ``temp_dir`` should be short: Ray puts unix sockets under it and socket paths are limited to ~107 bytes.
+    ``resources`` (custom resources), ``object_store_bytes`` and ``extra_env`` (inherited by every worker process
+    of the node) are what a multi-node set-up gives each node of its own (:mod:`alloy.control.nodes`).
     """
     temp_dir = Path(temp_dir)
     temp_dir.mkdir(parents=True, exist_ok=True)
@@ -115,10 +121,11 @@ def start_ray_head(
     ]
     if num_gpus is not None:
         command += ["--num-gpus", str(num_gpus)]
+    command += node_resource_args(resources, object_store_bytes)
     for flag, port in ports.items():
         command += [f"--{flag}", str(port)]
 
-    child_env = {**os.environ, **env, "RAY_USAGE_STATS_ENABLED": "0"}
+    child_env = {**os.environ, **(extra_env or {}), **env, "RAY_USAGE_STATS_ENABLED": "0"}
     output = open(log_file or temp_dir / "ray-head.log", "ab")
     process = subprocess.Popen(command, env=child_env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     head = RayHead(
@@ -135,6 +142,14 @@ def start_ray_head(
         stop_ray_head(head)
         raise
     return head
+
+
+def node_resource_args(resources: dict[str, float] | None, object_store_bytes: int | None) -> list[str]:
+    """``ray start`` flags for a node's custom resources and object store size (head and worker nodes alike)."""
+    args = ["--resources", json.dumps(resources)] if resources else []
+    if object_store_bytes is not None:
+        args += ["--object-store-memory", str(object_store_bytes)]
+    return args
 
 
 def _wait_for_gcs(head: RayHead, timeout_s: float) -> None:
@@ -160,14 +175,19 @@ def _descendants(pid: int) -> list[int]:
 
 def stop_ray_head(head: RayHead, *, timeout_s: float = 30.0) -> None:
     """Stop exactly the processes of this head: the ``ray start`` process, its descendants, its process group."""
-    if head.process is None:
-        return
-    root = head.process.pid
+    if head.process is not None:
+        stop_process_tree(head.process, timeout_s=timeout_s)
+
+
+def stop_process_tree(process: subprocess.Popen, *, timeout_s: float = 30.0) -> None:
+    """Stop a ``ray start --block`` process we started (head or worker node), its descendants and its process
+    group; never anything else."""
+    root = process.pid
     tree = _descendants(root)
     # ray start --block tears down its own node on SIGTERM; give it the chance first.
     try:
-        head.process.send_signal(signal.SIGTERM)
-        head.process.wait(timeout=timeout_s)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=timeout_s)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
     survivors = []
@@ -183,6 +203,6 @@ def stop_ray_head(head: RayHead, *, timeout_s: float = 30.0) -> None:
         os.killpg(root, signal.SIGKILL)  # the process group we created with start_new_session
     except (ProcessLookupError, PermissionError):
         pass
-    if head.process.poll() is None:
-        head.process.kill()
-        head.process.wait(timeout=10)
+    if process.poll() is None:
+        process.kill()
+        process.wait(timeout=10)

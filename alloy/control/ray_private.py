@@ -50,6 +50,17 @@ def drain_node(gcs_address: str, node_id: str, reason: str, deadline_ms: int) ->
     return bool(accepted), message or ""
 
 
+def draining_nodes(gcs_address: str) -> dict[str, int]:
+    """The nodes the GCS is draining (node id hex -> deadline in ms, 0 for none), as Serve's controller reads
+    them to migrate replicas off a draining node."""
+    # lazy: private Ray API, resolved only when called (see the module docstring)
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stubs
+
+    return {
+        str(node_id): int(deadline) for node_id, deadline in GcsClient(address=gcs_address).get_draining_nodes().items()
+    }
+
+
 def stop_serve_router_loop() -> None:
     """DeploymentHandles used from a driver run Serve's router on a daemon thread whose metrics task keeps calling
     Ray; after ``ray.shutdown()`` those calls would auto-connect to a cluster being stopped, block for 60 s and

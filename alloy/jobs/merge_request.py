@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
@@ -163,9 +163,24 @@ class MergeRequest(BaseModel):
     dtype: OutputDtype | None = Field(None, description="Output dtype: float32 | float16 | bfloat16")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Seed for stochastic strategies (dare)")
     evaluate: EvaluateSpec | None = Field(None, description="Evaluate the merged model before COMPLETED")
+    parallelism: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Fan the merge out: up to this many groups of output shards, each a Ray task on any node, "
+        "writing its shards straight to the artifact store (1: one process). Default: the server decides by "
+        "the output size (merge.fanout_threshold_bytes). Bit-identical either way; not with evaluate; a recipe with "
+        "tokenizer settings or LoRA inputs runs in one process",
+    )
+
+    @model_validator(mode="after")
+    def _fanout_without_evaluate(self) -> MergeRequest:
+        if self.parallelism and self.parallelism > 1 and self.evaluate is not None:
+            raise ValueError("parallelism > 1 cannot be combined with evaluate (the output is never on one node)")
+        return self
 
     def recipe(self) -> MergeRecipe:
-        fields = self.model_dump(exclude={"output_model_id", "evaluate"}, exclude_none=True)
+        fields = self.model_dump(exclude={"output_model_id", "evaluate", "parallelism"}, exclude_none=True)
         return validate_recipe(MergeRecipe.from_request_fields(**fields))
 
 

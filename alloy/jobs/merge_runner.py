@@ -41,6 +41,9 @@ from alloy.storage.model_cache import CachedModel, ModelCache
 logger = logging.getLogger("alloy.jobs.merge")
 
 Evaluate = Callable[[Path, MergeRequest], dict[str, Any]]
+# Runs the job fanned out over several nodes and returns its result, or None to merge here
+# (alloy.jobs.merge_fanout.FanoutCoordinator).
+Fanout = Callable[[JobRun, MergeRequest, MergeRecipe], "dict[str, Any] | None"]
 
 
 class MergeJobRunner:
@@ -58,6 +61,8 @@ class MergeJobRunner:
         max_in_flight: int | None = None,
         evaluate: Evaluate | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        fanout: Fanout | None = None,
+        node: str | None = None,
     ):
         self.jobs = jobs
         self.models = models
@@ -67,6 +72,8 @@ class MergeJobRunner:
         self.shard_bytes = shard_bytes
         self.max_in_flight = max_in_flight
         self.evaluate = evaluate
+        self.fanout = fanout
+        self.node = node  # where this runner coordinates its jobs (recorded in each result)
         self.job_runner = JobRunner(
             jobs,
             JobKind.MERGE,
@@ -151,7 +158,11 @@ class MergeJobRunner:
         out_dir = run_dir / "model"
         run.on_exit(lambda: self._remove_run_dir(run_dir))
         request = MergeRequest.model_validate(run.record.request)
-        recipe, sources = self._prepare(request, run.job_id)
+        recipe = self._check(request, run.job_id)
+        fanned = self.fanout(run, request, recipe) if self.fanout is not None else None
+        if fanned is not None:
+            return {**fanned, **self._where()}
+        sources = self._inputs(recipe)
         run.check_cancel()
         self._check_space(recipe, sources, run_dir)
         result = self._merge(run, recipe, sources, out_dir)
@@ -177,9 +188,12 @@ class MergeJobRunner:
         run.on_undo(lambda: self._unregister(record.id))
         # Scratch goes before COMPLETED, so that a completed job never leaves anything behind it.
         self._remove_run_dir(run_dir)
-        return {"model_id": record.id, "evaluation": evaluation, **_summary(result)}
+        return {"model_id": record.id, "evaluation": evaluation, **_summary(result), **self._where()}
 
-    def _prepare(self, request: MergeRequest, job_id: str) -> tuple[MergeRecipe, dict[str, Path | LoraSource]]:
+    def _where(self) -> dict[str, Any]:
+        return {"node": self.node} if self.node else {}
+
+    def _check(self, request: MergeRequest, job_id: str) -> MergeRecipe:
         recipe = request.recipe()
         output = request.output_model_id
         if self.models.exists(output) and self.models.discard_unfinished(output, job_id):
@@ -190,6 +204,9 @@ class MergeJobRunner:
                 f"model {request.output_model_id!r} already exists",
                 {"model_id": request.output_model_id},
             )
+        return recipe
+
+    def _inputs(self, recipe: MergeRecipe) -> dict[str, Path | LoraSource]:
         # a ``base-id+adapter-id`` input: the base and the adapter resolved (and cached) one by one
         entries: dict[str, CachedModel] = {}
 
@@ -200,7 +217,7 @@ class MergeJobRunner:
 
         manifests = {m: input_manifest(lambda i: entry(i).manifest, m) for m in recipe.model_ids}
         check_compatibility(recipe, manifests)
-        return recipe, {m: input_source(m, lambda i: entry(i).local_dir) for m in recipe.model_ids}
+        return {m: input_source(m, lambda i: entry(i).local_dir) for m in recipe.model_ids}
 
     def _merge(
         self, run: JobRun, recipe: MergeRecipe, sources: dict[str, Path | LoraSource], out_dir: Path

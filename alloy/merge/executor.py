@@ -8,11 +8,12 @@ nothing at ``out_dir`` and no staging folder behind.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -38,6 +39,7 @@ __all__ = [
     "check_compatibility",
     "execute_merge",
     "merge_state_dicts",
+    "output_tensors",
 ]
 
 DEFAULT_SHARD_BYTES = 2 * 1024**3
@@ -74,7 +76,7 @@ class MergeResult(BaseModel):
     tensors: int
     bytes: int
     seconds: float
-    manifest: ModelManifest
+    manifest: ModelManifest | None  # None for a group of shards (``shards=``): no config.json of its own
 
 
 def resolve_device(device: str | None) -> str:
@@ -112,9 +114,14 @@ def execute_merge(
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
     workers: int = DEFAULT_WORKERS,
+    shards: Collection[int] | None = None,
 ) -> MergeResult:
     """Merge the models in ``sources`` (model id -> local folder, or base and adapter folders for a
-    ``base+adapter`` model id) into the new folder ``out_dir``."""
+    ``base+adapter`` model id) into the new folder ``out_dir``.
+
+    ``shards``: one group of a fanned-out merge (:mod:`alloy.merge.fanout`): only the output shards with these
+    numbers (from 1, in the layout ``shard_bytes`` gives the whole merge) are computed and written, byte for byte
+    as the whole merge writes them, and nothing else (no index, config or card: the coordinator's)."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
     if out_dir.exists():
@@ -134,10 +141,13 @@ def execute_merge(
         staging.mkdir()
         writer = ShardedWriter(
             staging,
-            [PlannedTensor(t.output_name, t.dtype, t.shape) for t in plan.tasks],
+            output_tensors(plan),
             shard_bytes,
             metadata={"merged_by": "alloy", "strategy": plan.recipe.strategy, "method": plan.method.name},
+            only=shards,
         )
+        if shards is not None:
+            plan = dataclasses.replace(plan, tasks=tuple(t for t in plan.tasks if t.output_name in writer.slots))
         try:
             _run_tasks(
                 plan,
@@ -151,16 +161,17 @@ def execute_merge(
                 workers=workers,
                 out_dir=out_dir,
             )
-            writer.finish()
+            writer.finish(index=shards is None)
         finally:
             writer.close()
-        base_dir = model_folder(sources[plan.base_id])
-        write_config(plan, base_dir, staging, tokenizer)
-        copy_base_files(base_dir, staging, with_tokenizer=tokenizer is None)
-        if tokenizer is not None:
-            tokenizer.write(staging)
-        write_model_card(plan, staging)
-        write_recipe_files(plan, staging)
+        if shards is None:
+            base_dir = model_folder(sources[plan.base_id])
+            write_config(plan, base_dir, staging, tokenizer)
+            copy_base_files(base_dir, staging, with_tokenizer=tokenizer is None)
+            if tokenizer is not None:
+                tokenizer.write(staging)
+            write_model_card(plan, staging)
+            write_recipe_files(plan, staging)
         if out_dir.exists():
             raise AlloyError(ErrorCode.ALREADY_EXISTS, f"{out_dir} appeared during the merge", {"path": str(out_dir)})
         staging.rename(out_dir)
@@ -175,8 +186,13 @@ def execute_merge(
         tensors=len(plan.tasks),
         bytes=writer.total_bytes,
         seconds=time.perf_counter() - started,
-        manifest=read_manifest(out_dir),
+        manifest=read_manifest(out_dir) if shards is None else None,
     )
+
+
+def output_tensors(plan: MergePlan) -> list[PlannedTensor]:
+    """The output tensors in plan order: what the shard layout is cut from (the whole merge and its groups)."""
+    return [PlannedTensor(t.output_name, t.dtype, t.shape) for t in plan.tasks]
 
 
 def _run_tasks(

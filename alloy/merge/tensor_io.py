@@ -14,6 +14,7 @@ import json
 import os
 import struct
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +140,12 @@ class _Slot:
     shape: tuple[int, ...]
 
 
+def index_text(weight_map: dict[str, str], total_bytes: int) -> str:
+    """``model.safetensors.index.json`` of a sharded folder (tensor name -> shard file)."""
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    return json.dumps(index, indent=2) + "\n"
+
+
 def shard_name(index: int, count: int) -> str:
     return f"model-{index:05d}-of-{count:05d}.safetensors"
 
@@ -158,19 +165,26 @@ def split_into_shards(tensors: list[PlannedTensor], shard_bytes: int) -> list[li
 
 
 class ShardedWriter:
-    """Writes planned tensors into preallocated shards plus ``model.safetensors.index.json``."""
+    """Writes planned tensors into preallocated shards plus ``model.safetensors.index.json``; with ``only``, just
+    the shards with those numbers (from 1) of the same layout (one group of a fanned-out merge)."""
 
     def __init__(
-        self, out_dir: Path, tensors: list[PlannedTensor], shard_bytes: int, metadata: dict[str, str] | None = None
+        self,
+        out_dir: Path,
+        tensors: list[PlannedTensor],
+        shard_bytes: int,
+        metadata: dict[str, str] | None = None,
+        only: Collection[int] | None = None,
     ):
         self.out_dir = Path(out_dir)
         self.slots: dict[str, _Slot] = {}
         self.weight_map: dict[str, str] = {}
-        self.total_bytes = sum(t.nbytes for t in tensors)
         self._fds: list[int] = []
         self._fd_by_path: dict[Path, int] = {}
         shards = split_into_shards(tensors, shard_bytes)
-        for number, members in enumerate(shards, start=1):
+        chosen = [(n, members) for n, members in enumerate(shards, start=1) if only is None or n in only]
+        self.total_bytes = sum(t.nbytes for _, members in chosen for t in members)
+        for number, members in chosen:
             self._open_shard(shard_name(number, len(shards)), members, metadata or {})
 
     def _open_shard(self, file_name: str, members: list[PlannedTensor], metadata: dict[str, str]) -> None:
@@ -207,13 +221,13 @@ class ShardedWriter:
             _write_exact(self._fd_by_path[slot.file], memoryview(flat.numpy()), slot.start)
         return slot.nbytes
 
-    def finish(self) -> None:
-        """Flush the shards to disk and write the index."""
+    def finish(self, index: bool = True) -> None:
+        """Flush the shards to disk and write the index (unless ``index`` is False)."""
         for fd in self._fds:
             os.fsync(fd)
         self.close()
-        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(self.weight_map.items()))}
-        (self.out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        if index:
+            (self.out_dir / INDEX_FILE).write_text(index_text(self.weight_map, self.total_bytes))
 
     def close(self) -> None:
         for fd in self._fds:

@@ -112,18 +112,21 @@ class ModelRegistry:
         lineage: dict[str, Any] | None = None,
         copy_into_store: bool = True,
         kind: Kind | None = None,
+        manifest: ModelManifest | None = None,
     ) -> ModelRecord:
         """Register a folder (inside the model roots or the data dir) or an artifact folder (URI or key of this
         store). A local folder is copied into the store under ``models/<id>/`` unless ``copy_into_store`` is
         False, in which case the registry points at it in place. ``kind``: ``model`` or ``adapter`` (a PEFT LoRA
-        adapter, :mod:`alloy.registry.adapters`); None: an ``adapter_config.json`` folder is an adapter."""
+        adapter, :mod:`alloy.registry.adapters`); None: an ``adapter_config.json`` folder is an adapter.
+        ``manifest``: an artifact folder's manifest as its publisher read it from the headers it wrote (a
+        fanned-out merge), so that it is not downloaded."""
         check_id("model", model_id)
         self._refuse_taken(model_id)
         artifact_key = self._artifact_key(source)
         source_path: Path | None = None
         published: str | None = None  # the folder this registration published (removed again if it fails)
         if artifact_key is not None:
-            manifest = read_entry_manifest(self._fetch_artifact(model_id, artifact_key), model_id, kind)
+            manifest = manifest or read_entry_manifest(self._fetch_artifact(model_id, artifact_key), model_id, kind)
             prefix = artifact_key
             files = {
                 info.key[len(prefix) + 1 :]: FileRecord(size=info.size, sha256=info.sha256 or "")

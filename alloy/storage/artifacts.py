@@ -21,7 +21,7 @@ import posixpath
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -48,15 +48,7 @@ if TYPE_CHECKING:
 
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 
-__all__ = [
-    "DIR_MANIFEST",
-    "PENDING_MARKER",
-    "STAGING",
-    "ArtifactInfo",
-    "ArtifactStore",
-    "CorruptArtifact",
-    "check_key",
-]
+__all__ = ["DIR_MANIFEST", "PENDING_MARKER", "STAGING", "ArtifactInfo", "ArtifactStore", "CorruptArtifact", "check_key"]
 
 
 def _chunks_of(handle: IO[bytes], chunk_bytes: int) -> Iterator[bytes]:
@@ -127,10 +119,7 @@ class ArtifactStore:
         return Path(self._path(key)) if self.is_local else None
 
     def _staging_path(self, prefix: str | None = None) -> str:
-        """A fresh staging folder; named after the ``prefix`` it will publish, so that the leftovers of one
-        writer can be found and removed (:meth:`discard_staging`)."""
-        tag = f"{staging_tag(prefix)}." if prefix else ""
-        return f"{self.root}/{STAGING}/{tag}{uuid.uuid4().hex}"
+        return self._staged(self.new_staging(prefix))
 
     # -- writes ---------------------------------------------------------------------------------------------
     def _write(self, path: str, chunks: Iterable[bytes]) -> tuple[int, str]:
@@ -181,7 +170,7 @@ class ArtifactStore:
     ) -> list[ArtifactInfo]:
         """Publish a folder (or the given relative ``files`` of it) under ``prefix``, atomically as a whole.
         An existing folder is refused with ALREADY_EXISTS unless ``overwrite``."""
-        prefix = check_key(prefix)
+        self._clear_target(prefix, overwrite)  # refuse before uploading anything
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise validation_failed("not a folder", path=str(local_dir))
@@ -190,8 +179,47 @@ class ArtifactStore:
             if files is not None
             else sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
         )
-        for name in names:
-            check_key(name)
+        staging_id = self.new_staging(prefix)
+        try:
+            entries = [self.stage_file(staging_id, name, local_dir / name) for name in names]
+            return self.publish_staged(staging_id, prefix, entries, overwrite=overwrite)
+        except BaseException:
+            self.discard_staged(staging_id)
+            raise
+
+    # A folder assembled by several writers (the groups of a fanned-out merge, on any node): each stages its
+    # files under one staging id, and one of them publishes the lot with the same atomic publish as put_dir.
+    def new_staging(self, prefix: str | None = None) -> str:
+        """A fresh staging id; named after the ``prefix`` it will publish, so that the leftovers of one writer
+        can be found and removed (:meth:`discard_staging`)."""
+        tag = f"{staging_tag(check_key(prefix))}." if prefix else ""
+        return f"{tag}{uuid.uuid4().hex}"
+
+    def _staged(self, staging_id: str, name: str = "") -> str:
+        if not staging_id or "/" in staging_id or staging_id.startswith("."):
+            raise validation_failed("invalid staging id")
+        return f"{self.root}/{STAGING}/{staging_id}" + (f"/{check_key(name)}" if name else "")
+
+    def stage_file(self, staging_id: str, name: str, path: str | os.PathLike) -> dict[str, Any]:
+        """Upload one file into a staging folder (hidden); returns its manifest entry (name, size, sha256)."""
+        with open(path, "rb") as handle:
+            size, sha256 = self._write(self._staged(staging_id, name), _chunks_of(handle, self.chunk_bytes))
+        return {"name": name, "size": size, "sha256": sha256}
+
+    def publish_staged(
+        self, staging_id: str, prefix: str, entries: list[dict[str, Any]], *, overwrite: bool = False
+    ) -> list[ArtifactInfo]:
+        """Publish the staged ``entries`` (as :meth:`stage_file` returned them) under ``prefix``, atomically."""
+        final = self._clear_target(prefix, overwrite)
+        staging = self._staged(staging_id)
+        entries = sorted(entries, key=lambda e: e["name"])
+        manifest = json.dumps({"files": entries, "created_at": utcnow().isoformat()}).encode()
+        self._write(f"{staging}/{DIR_MANIFEST}", [manifest])
+        self._publish_dir(staging, final, [e["name"] for e in entries])
+        return [self._entry_info(check_key(prefix), e) for e in entries]
+
+    def _clear_target(self, prefix: str, overwrite: bool) -> str:
+        prefix = check_key(prefix)
         final = self._path(prefix)
         if self.fs.exists(final):
             if not overwrite:
@@ -199,28 +227,14 @@ class ArtifactStore:
                     ErrorCode.ALREADY_EXISTS, f"artifact folder {prefix!r} already exists", {"prefix": prefix}
                 )
             self.delete_prefix(prefix)
-        staging = self._staging_path(prefix)
-        try:
-            entries: list[dict[str, Any]] = []
-            for name in names:
-                with open(local_dir / name, "rb") as handle:
-                    size, sha256 = self._write(f"{staging}/{name}", _chunks_of(handle, self.chunk_bytes))
-                entries.append({"name": name, "size": size, "sha256": sha256})
-            manifest = json.dumps({"files": entries, "created_at": utcnow().isoformat()}).encode()
-            self._write(f"{staging}/{DIR_MANIFEST}", [manifest])
-            self._publish_dir(staging, final, names)
-        except BaseException:
-            self._discard(staging)
-            raise
-        return [
-            ArtifactInfo(
-                key=f"{prefix}/{e['name']}",
-                uri=self.uri_for(f"{prefix}/{e['name']}"),
-                size=e["size"],
-                sha256=e["sha256"],
-            )
-            for e in entries
-        ]
+        return final
+
+    def _entry_info(self, prefix: str, entry: dict[str, Any]) -> ArtifactInfo:
+        key = f"{prefix}/{entry['name']}"
+        return ArtifactInfo(key=key, uri=self.uri_for(key), size=entry["size"], sha256=entry["sha256"])
+
+    def discard_staged(self, staging_id: str) -> None:
+        self._discard(self._staged(staging_id))
 
     def _publish_dir(self, staging: str, final: str, names: list[str]) -> None:
         if self.is_local:
@@ -286,15 +300,7 @@ class ArtifactStore:
                 manifest = json.load(handle)
         except FileNotFoundError:
             raise not_found("artifact folder", prefix) from None
-        return [
-            ArtifactInfo(
-                key=f"{prefix}/{e['name']}",
-                uri=self.uri_for(f"{prefix}/{e['name']}"),
-                size=e["size"],
-                sha256=e["sha256"],
-            )
-            for e in manifest["files"]
-        ]
+        return [self._entry_info(prefix, e) for e in manifest["files"]]
 
     def list(self, prefix: str = "") -> list[ArtifactInfo]:
         """Published objects under ``prefix``, sorted by key (staging areas and half-published folders hidden)."""
@@ -317,9 +323,10 @@ class ArtifactStore:
             and not any(key.startswith(p) for p in pending)
         ]
 
-    def get_dir(self, prefix: str, dest: str | os.PathLike) -> Path:
-        """Download a published folder into ``dest`` (replaced atomically), verifying every sha256."""
-        files = self.dir_manifest(prefix)
+    def get_dir(self, prefix: str, dest: str | os.PathLike, include: Callable[[str], bool] | None = None) -> Path:
+        """Download a published folder (or its files whose names ``include`` accepts) into ``dest`` (replaced
+        atomically), verifying every sha256."""
+        files = [f for f in self.dir_manifest(prefix) if include is None or include(f.key[len(prefix) + 1 :])]
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
