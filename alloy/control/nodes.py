@@ -127,6 +127,7 @@ class RayWorkerNode:
             except ProcessLookupError:
                 continue
         self.process.wait(timeout=10)
+        _wait_gone(pids, timeout_s=10.0)  # SIGKILL is delivered asynchronously: return once they are all dead
         return pids
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -188,3 +189,19 @@ def start_ray_worker(
             raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, f"worker node {name} did not start:\n{tail}")
         time.sleep(0.3)
     return node
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    """Until every process in ``pids`` has exited (a zombie awaiting its parent counts as gone)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                continue
+        if not alive:
+            return
+        time.sleep(0.05)
