@@ -123,7 +123,7 @@ def convert_gguf(out_dir: Path):
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # transformers dequantises GGUF weights to fp32 on load but still marks the model as GGUF-quantised, which
     # save_pretrained refuses; the weights in memory are plain fp32, so drop the marker.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # torch types any module attribute as Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.eval()

@@ -83,16 +83,16 @@ def register_preset(
         )
         models_registry.register(entry.model_id, str(entry.path), lineage=lineage)
         registered["models"].append(entry.model_id)
-    for entry in manifest.datasets:
-        if _dataset_exists(datasets_registry, entry.dataset_id):
+    for dataset in manifest.datasets:
+        if _dataset_exists(datasets_registry, dataset.dataset_id):
             continue
         datasets_registry.register(
-            entry.dataset_id,
-            {split: str(entry.split_path(split)) for split in entry.splits},
-            task=_registered_task(manifest, entry, store),
-            description=entry.description,
+            dataset.dataset_id,
+            {split: str(dataset.split_path(split)) for split in dataset.splits},
+            task=_registered_task(manifest, dataset, store),
+            description=dataset.description,
         )
-        registered["datasets"].append(entry.dataset_id)
+        registered["datasets"].append(dataset.dataset_id)
     return registered
 
 

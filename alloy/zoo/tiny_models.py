@@ -73,17 +73,20 @@ def build_tiny_model(
     out_dir = Path(out_dir)
     torch.manual_seed(seed)
     config = tiny_config(arch, layers=layers, hidden=hidden, vocab=vocab)
-    model_cls = transformers.BertModel if arch == "bert" else transformers.AutoModelForCausalLM
+    model: transformers.PreTrainedModel
     if base is not None:
-        model = model_cls.from_pretrained(str(base)) if arch == "bert" else model_cls.from_pretrained(str(base))
+        model_cls = transformers.BertModel if arch == "bert" else transformers.AutoModelForCausalLM
+        model = model_cls.from_pretrained(str(base))
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(torch.randn(parameter.shape, generator=generator) * noise)
     else:
-        model = transformers.BertModel(config) if arch == "bert" else model_cls.from_config(config)
-    kwargs = {"safe_serialization": True}
-    if max_shard_size is not None:
-        kwargs["max_shard_size"] = max_shard_size
-    model.save_pretrained(str(out_dir), **kwargs)
+        model = (
+            transformers.BertModel(config) if arch == "bert" else transformers.AutoModelForCausalLM.from_config(config)
+        )
+    if max_shard_size is None:
+        model.save_pretrained(str(out_dir), safe_serialization=True)
+    else:
+        model.save_pretrained(str(out_dir), safe_serialization=True, max_shard_size=max_shard_size)
     return out_dir

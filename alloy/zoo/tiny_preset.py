@@ -45,7 +45,7 @@ def _mixed_text(rng: random.Random, alphabet: str, noise: str, share: float, len
 def _classification_splits(
     rng: random.Random, classes: list[tuple[str, str]], share: float
 ) -> dict[str, list[tuple[str, int]]]:
-    splits = {name: [] for name in SIZES}
+    splits: dict[str, list[tuple[str, int]]] = {name: [] for name in SIZES}
     for label, (alphabet, noise) in enumerate(classes):
         for name, count in SIZES.items():
             splits[name] += [
