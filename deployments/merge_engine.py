@@ -19,7 +19,7 @@ from ray import serve
 from alloy import components as c
 from alloy.control.merge_fanout import RayGroupLauncher
 from alloy.control.nodes import this_node_draining
-from alloy.evaluation import evaluate_model_dir
+from alloy.evaluation.post_merge import evaluate_model_dir
 from alloy.jobs.merge_fanout import FanoutCoordinator
 from alloy.jobs.merge_request import MergeRequest
 from alloy.jobs.merge_runner import MergeJobRunner
