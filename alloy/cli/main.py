@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import click
-from click.utils import make_default_short_help
 
 
 class Subcommand(NamedTuple):
@@ -73,7 +72,9 @@ class LazyGroup(click.Group):
         # click's own listing imports every subcommand for its help line (the client and its wire models pull in
         # torch): `alloy --help` would cost seconds of CPU. The summaries are listed from the table instead.
         width = formatter.width - 6 - max(len(name) for name in SUBCOMMANDS)
-        rows = [(name, make_default_short_help(sub.summary, width)) for name, sub in SUBCOMMANDS.items()]
+        rows = [
+            (name, click.Command(name, help=sub.summary).get_short_help_str(width)) for name, sub in SUBCOMMANDS.items()
+        ]
         with formatter.section("Commands"):
             formatter.write_dl(sorted(rows))
 
