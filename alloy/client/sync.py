@@ -31,6 +31,9 @@ from alloy.wire import (
     ModelView,
     NewKeyView,
     PageOf,
+    ParetoMember,
+    PromoteRequest,
+    PromotionView,
     TrialsView,
 )
 
@@ -113,6 +116,16 @@ class Evolution(Job):
 
     def cancel(self) -> EvolutionView:
         return EvolutionView.model_validate(self.client._request("POST", f"/evolutions/{self.id}/cancel").json())
+
+    def pareto_front(self) -> list[ParetoMember]:
+        """The Pareto front of a completed multi-objective (nsga2) evolution; empty otherwise."""
+        return self.status().pareto_front or []
+
+    def promote(self, candidate_id: str, model_id: str, timeout: float = c.PROMOTE_TIMEOUT_S) -> PromotionView:
+        """Register the front member ``candidate_id`` as ``model_id`` (merged, registered, tested once)."""
+        body = PromoteRequest(candidate_id=candidate_id, model_id=model_id).model_dump()
+        response = self.client._request("POST", f"/evolutions/{self.id}/promote", json=body, timeout=timeout)
+        return PromotionView.model_validate(response.json())
 
 
 class Client:

@@ -65,7 +65,7 @@ def fingerprint(candidates):
     return sorted((c.generation, json.dumps(c.genome, sort_keys=True), c.fitness) for c in candidates)
 
 
-@pytest.mark.parametrize("kind", ["pbt", "cmaes"])
+@pytest.mark.parametrize("kind", ["pbt", "cmaes", "random", "nsga2"])
 def test_one_seed_gives_the_same_distinct_candidates_twice(ray_cluster, tiny_inputs, tmp_path, kind):
     from evolution.scoring import genome_key
 

@@ -15,8 +15,9 @@ from ray.tune.search import Searcher
 
 from evolution.config import SearchSettings
 from evolution.genome import Bounds, GenomeSpace
+from evolution.sampled import OrdinalLimiter
 from evolution.scoring import FitnessLedger, genome_key
-from evolution.search import FRESH_TRIES, GenomeExplorer, GenomePBT, OrdinalLimiter, build_tune_config
+from evolution.search import FRESH_TRIES, GenomeExplorer, GenomePBT, build_tune_config
 from evolution.trainable import CACHED_KEY, GENOME_KEY, LINEAGE_KEY
 
 SPACE = GenomeSpace(
