@@ -1,5 +1,6 @@
-"""Ray Tune search over genomes: population-based training (exploit a top genome, explore by perturbing it) or
-CMA-ES through Optuna, behind one ``build_tuner``/``restore_tuner`` pair.
+"""Ray Tune search over genomes: population-based training (exploit a top genome, explore by perturbing it), or one
+of the Optuna-sampled kinds (CMA-ES, random search, NSGA-II: :mod:`evolution.sampled`), behind one
+``build_tune_config``.
 
 Everything handed to Tune here is picklable plain data (Tune stores the scheduler, searcher, stopper and
 callbacks in the experiment folder so that ``Tuner.restore`` can continue a run after a forced shutdown).

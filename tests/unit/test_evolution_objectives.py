@@ -65,3 +65,26 @@ def test_a_repeat_reports_the_objectives_the_genome_scored():
     assert known is not None and known.objectives == {"objective_0": 0.25, "objective_1": 0.75}
     repeat = _repeat_result(known, genome, 2, "t1-g001")
     assert repeat["objective_1"] == pytest.approx(0.75) and "candidate_id" not in repeat
+
+
+@pytest.mark.parametrize(
+    ("kind", "sampler", "metric"),
+    [
+        ("nsga2", "NSGAIISampler", ["objective_0", "objective_1", "objective_2"]),
+        ("random", "RandomSampler", "fitness"),
+        ("cmaes", "CmaEsSampler", "fitness"),
+    ],
+)
+def test_each_optuna_kind_asks_a_generation_at_a_time_with_its_sampler(kind, sampler, metric):
+    from evolution.config import SearchSettings
+    from evolution.sampled import OrdinalLimiter, optuna_tune_config
+
+    space = GenomeSpace(
+        strategy="task_arithmetic", models=["a", "b"], base_model="base", per_model={"weight": Bounds(low=0, high=1)}
+    )
+    settings = SearchSettings(kind=kind, population=4, generations=3, seed=7)
+    config = optuna_tune_config(space, settings, objectives=3)
+    limiter = config.search_alg
+    assert isinstance(limiter, OrdinalLimiter) and limiter.batch and limiter.max_concurrent == 4
+    assert type(limiter.searcher._sampler).__name__ == sampler
+    assert limiter.searcher.metric == metric and config.num_samples == 4 * 3  # the same budget for every kind
