@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from alloy.wire import ParetoMember
+from alloy.wire_evolution import ParetoMember
 
 METRIC = "fitness"
 MODE = "max"

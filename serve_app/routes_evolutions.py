@@ -16,7 +16,8 @@ from alloy import components as c
 from alloy.errors import not_found
 from alloy.jobs.store import JobKind, JobRecord
 from alloy.storage.tracker import ExperimentTracker
-from alloy.wire import EvolutionView, JobId, PromoteRequest, PromotionView
+from alloy.wire import JobId
+from alloy.wire_evolution import EvolutionView, PromoteRequest, PromotionView
 from deployments._calls import call
 from evolution.config import EvolutionSpec
 from evolution.engine import EvolutionService

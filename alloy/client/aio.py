@@ -13,16 +13,12 @@ from alloy.client import _common as c
 from alloy.client.errors import AlloyAPIError
 from alloy.wire import (
     EvaluationResults,
-    EvolutionView,
     JobStreamEvent,
     JobView,
     ModelView,
     PageOf,
-    ParetoMember,
-    PromoteRequest,
-    PromotionView,
-    TrialsView,
 )
+from alloy.wire_evolution import EvolutionView, ParetoMember, PromoteRequest, PromotionView, TrialsView
 
 
 class AsyncJob:

@@ -23,7 +23,6 @@ from alloy.wire import (
     ArtifactView,
     DatasetView,
     EvaluationResults,
-    EvolutionView,
     JobEvent,
     JobStreamEvent,
     JobView,
@@ -31,11 +30,8 @@ from alloy.wire import (
     ModelView,
     NewKeyView,
     PageOf,
-    ParetoMember,
-    PromoteRequest,
-    PromotionView,
-    TrialsView,
 )
+from alloy.wire_evolution import EvolutionView, ParetoMember, PromoteRequest, PromotionView, TrialsView
 
 DOWNLOAD_CHUNK = 1 << 20
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from alloy.wire import ParetoMember
+from alloy.wire_evolution import ParetoMember
 from evolution.genome import Bounds, GenomeSpace
 from evolution.objectives import dominates, front_of, objective_keys, objectives_in, objectives_of, pareto_indices
 from evolution.scoring import FitnessLedger
