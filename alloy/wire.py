@@ -281,36 +281,6 @@ class JobStreamEvent(BaseModel):
     data: dict[str, Any]
 
 
-class EvolutionView(BaseModel):
-    """Progress of an evolution (GET /evolutions/{job_id})."""
-
-    model_config = ConfigDict(extra="allow")
-
-    job_id: str
-    state: JobState
-    progress_url: str
-    generation: int = 0
-    generations: int | None = None
-    population: int | None = None
-    best_fitness: float | None = None
-    median_fitness: float | None = None
-    trials: int = 0
-    percent: float = 0.0
-    cancel_requested: bool = False
-    attempts: int = 0
-    result: dict[str, Any] | None = None
-    error: JobErrorView | None = None
-
-
-class TrialsView(BaseModel):
-    """Every evaluated candidate of an evolution (GET /evolutions/{job_id}/trials)."""
-
-    job_id: str
-    state: JobState
-    count: int
-    trials: list[dict[str, Any]]
-
-
 class MethodParameterView(BaseModel):
     name: str
     type: str  # float | int | bool

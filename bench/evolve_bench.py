@@ -2,8 +2,14 @@
 the held-out test average, candidate throughput, and the orchestration overhead of one candidate.
 
     nice python bench/evolve_bench.py --preset encoder-5task --population 6 --generations 4 \
-        --json bench/out/evolve-encoder-5task.json
+        --kind pbt --kind random --seed 0 --seed 1 --seed 2 --json bench/out/evolve-encoder-5task.json
     python bench/evolve_bench.py --preset tiny          # seconds; a smoke run
+
+Protocol: the model zoo is fixed (the preset), the search is seeded: every ``--kind`` runs once per ``--seed``
+with the same genome and the same candidate budget (population x generations of ``--config``), so ``random`` is
+the baseline of the others; selection is on dev only and each final model is scored on test once. The table
+gives the mean and the sample standard deviation over seeds of the test average and of the normalized accuracy
+(per dataset: the merged model's score / the score of that dataset's own fine-tune, then averaged).
 
 What it does, with Alloy's own code throughout:
 1. starts a private Ray head (ports 20000-39999, token auth; or joins ``--address``), runs the evolution of
@@ -47,7 +53,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--preset", default="encoder-5task")
     parser.add_argument("--config", default=None, help="default: configs/evolve-<preset>.yaml")
     parser.add_argument("--data-dir", default=os.environ.get("ALLOY_DATA_DIR", "var"), help="where the preset is built")
-    parser.add_argument("--kind", choices=("pbt", "cmaes"), default=None, help="override search.kind")
+    parser.add_argument(
+        "--kind",
+        action="append",
+        choices=("pbt", "cmaes", "random", "nsga2"),
+        default=None,
+        help="search.kind; repeat to compare kinds (default: the config's)",
+    )
+    parser.add_argument(
+        "--seed", action="append", type=int, default=None, help="search.seed; repeat for several (default: 0)"
+    )
     parser.add_argument("--population", type=int, default=None)
     parser.add_argument("--generations", type=int, default=None)
     parser.add_argument("--dev-batch-size", type=int, default=None)
@@ -61,14 +76,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # ---- the evolution ---------------------------------------------------------------------------------------
-def evolution_request(args: argparse.Namespace) -> dict[str, Any]:
+def evolution_request(args: argparse.Namespace, kind: str | None, seed: int) -> dict[str, Any]:
     import yaml
 
     path = Path(args.config or PROJECT_ROOT / "configs" / f"evolve-{args.preset}.yaml")
     request = yaml.safe_load(path.read_text())
     search = request.setdefault("search", {})
     for key, value in (
-        ("kind", args.kind),
+        ("kind", kind),
+        ("seed", seed),
         ("population", args.population),
         ("generations", args.generations),
         ("dev_batch_size", args.dev_batch_size),
@@ -77,7 +93,8 @@ def evolution_request(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if value is not None:
             search[key] = value
-    request["name"] = f"evolve-bench {args.preset}"
+    request["name"] = f"evolve-bench {args.preset} {search.get('kind', 'pbt')} seed {seed}"
+    request.pop("output_model_id", None)  # one registered model per run
     return request
 
 
@@ -97,7 +114,8 @@ def bench_service(args: argparse.Namespace):
     return service
 
 
-def run_evolution(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], Any]:
+def run_evolutions(args: argparse.Namespace) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], Any]:
+    """Every (kind, seed) run, in order, on one Ray head."""
     import ray
 
     from alloy.control.ray_head import start_ray_head, stop_ray_head
@@ -112,16 +130,20 @@ def run_evolution(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, A
     try:
         ray.init(address=address, log_to_driver=False)
         service = bench_service(args)
-        request = evolution_request(args)
-        job = service.jobs.create("evolution", request, owner="evolve-bench")
-        print(f"evolution job {job.id}: {json.dumps(request['search'])}", flush=True)
-        started = time.perf_counter()
-        result = service.run_job(job.id)
-        record = service.jobs.get(job.id)
-        if record.state.value != "COMPLETED":
-            raise SystemExit(f"evolution {job.id} ended {record.state.value}: {record.error}")
-        print(f"evolution done in {time.perf_counter() - started:.0f}s", flush=True)
-        return request, result, service
+        runs = []
+        for kind in args.kind or [None]:
+            for seed in args.seed or [0]:
+                request = evolution_request(args, kind, seed)
+                job = service.jobs.create("evolution", request, owner="evolve-bench")
+                print(f"evolution job {job.id}: {json.dumps(request['search'])}", flush=True)
+                started = time.perf_counter()
+                result = service.run_job(job.id)
+                record = service.jobs.get(job.id)
+                if record.state.value != "COMPLETED":
+                    raise SystemExit(f"evolution {job.id} ended {record.state.value}: {record.error}")
+                print(f"evolution done in {time.perf_counter() - started:.0f}s", flush=True)
+                runs.append((request, result))
+        return runs, service
     finally:
         ray.shutdown()
         if head is not None:
@@ -147,6 +169,7 @@ class Models:
         self.evaluators = {
             split: CandidateEvaluator(skeleton, data, self.inputs.dataset_ids, split) for split in ("dev", "test")
         }
+        self.own_finetune = own_finetunes(spec.preset, service.settings.data_dir, self.inputs.dataset_ids)
 
     def mean_score(self, state, split: str) -> float:
         metrics = self.evaluators[split].score(state)
@@ -192,6 +215,7 @@ def grid_from_json(path: Path) -> dict[str, dict[str, Any]] | None:
             "name": row["name"],
             "dev": statistics.fmean(row["scores"]["dev"].values()),
             "test": statistics.fmean(row["scores"]["test"].values()),
+            "per_dataset": row["scores"]["test"],
             "source": str(path),
         }
     return best
@@ -208,7 +232,9 @@ def grid_computed(models: Models) -> dict[str, dict[str, Any]]:
         if family not in best or dev > best[family]["dev"]:
             best[family] = {"name": name, "dev": dev, "recipe": recipe}
     for row in best.values():
-        row["test"] = models.mean_score(merge_state_dicts(row.pop("recipe"), models.tensors), "test")
+        metrics = models.evaluators["test"].score(merge_state_dicts(row.pop("recipe"), models.tensors))
+        row["per_dataset"] = {d: v for d, v in metrics.items() if not d.startswith("mean_")}
+        row["test"] = statistics.fmean(row["per_dataset"].values())
         row["source"] = "computed by bench/evolve_bench.py"
     return best
 
@@ -238,16 +264,91 @@ def concurrent_trials(search: dict[str, Any], cpus: int) -> int:
     return max(1, min(fit, search.get("population", 8), limit))
 
 
+def own_finetunes(preset: str | None, data_dir: Path, dataset_ids: list[str]) -> dict[str, str]:
+    """Each fitness dataset's own fine-tune (the preset's fine-tune trained on it), for normalized accuracy."""
+    from alloy.zoo.presets import build_preset
+
+    if preset is None:
+        return {}
+    manifest = build_preset(preset, data_dir)  # reuses the finished build
+    return {m.task: m.model_id for m in manifest.models if m.role == "finetune" and m.task in dataset_ids}
+
+
+def normalized(per_dataset: dict[str, float], own: dict[str, float]) -> float | None:
+    """Mean over datasets of score / the dataset's own fine-tune's score (None without every reference)."""
+    if not own or any(d not in own or own[d] == 0 for d in per_dataset):
+        return None
+    return statistics.fmean(per_dataset[d] / own[d] for d in per_dataset)
+
+
+def spread(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    deviation = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * mean:.1f} ± {100 * deviation:.1f}"
+
+
 # ---- report ---------------------------------------------------------------------------------------------
-def table(
-    result: dict[str, Any], grid: dict[str, dict[str, Any]], parents: list[str], base: str
-) -> list[tuple[str, float]]:
-    scores = result["test"]["scores"]
-    rows = [(f"evolved ({result['search']['kind']}, {result['model_id']})", scores[result["model_id"]])]
-    rows += [(f"parent {m}", scores[m]) for m in parents]
-    rows.append((f"base {base}", scores[base]))
-    rows += [(f"best grid {family}: {row['name']}", row["test"]) for family, row in grid.items()]
+def run_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]], own: dict[str, float]) -> list[dict[str, Any]]:
+    rows = []
+    for request, result in runs:
+        per_dataset = result["test"]["per_dataset"][result["model_id"]]
+        scores = {d: v for d, v in per_dataset.items() if not d.startswith("mean_")}
+        rows.append(
+            {
+                "kind": result["search"]["kind"],
+                "seed": request["search"].get("seed", 0),
+                "model_id": result["model_id"],
+                "dev_fitness": result["dev_fitness"],
+                "test": result["test"]["scores"][result["model_id"]],
+                "normalized": normalized(scores, own),
+                "candidates": result["search"]["evaluated_this_run"],
+                "search_wall_s": result["search"]["search_wall_s"],
+                "candidates_per_minute": result["search"]["candidates_per_minute"],
+            }
+        )
     return rows
+
+
+def print_report(args, models: Models, runs, rows, grid, own, bare_s: float) -> None:
+    request, result = runs[0]
+    metric = result["test"]["metric"]
+    search = request["search"]
+    seeds = sorted({row["seed"] for row in rows})
+    print(
+        f"\n## evolve bench: {args.preset}, test {metric} (held-out), population {search.get('population')} x "
+        f"{search.get('generations')} generations per run, seeds {seeds}\n"
+    )
+    print(f"| model | test {metric} (mean ± sd over seeds) | normalized | candidates/min |\n|---|---|---|---|")
+    for kind in dict.fromkeys(row["kind"] for row in rows):
+        mine = [row for row in rows if row["kind"] == kind]
+        norms = [row["normalized"] for row in mine if row["normalized"] is not None]
+        rate = statistics.fmean(row["candidates_per_minute"] for row in mine)
+        print(
+            f"| evolved, {kind} ({len(mine)} seeds) | {spread([row['test'] for row in mine])} | "
+            f"{spread(norms) if norms else '-'} | {rate:.1f} |"
+        )
+    scores = result["test"]["per_dataset"]
+    for model_id in [*models.space.models, models.space.base_model]:
+        per = {d: v for d, v in scores[model_id].items() if not d.startswith("mean_")}
+        norm = normalized(per, own)
+        label = "base" if model_id == models.space.base_model else "parent"
+        line = f"| {label} {model_id} | {100 * result['test']['scores'][model_id]:.1f} |"
+        print(f"{line} {100 * norm:.1f} | - |" if norm is not None else f"{line} - | - |")
+    for family, row in grid.items():
+        norm = normalized(row.get("per_dataset", {}), own)
+        print(
+            f"| best grid {family}: {row['name']} | {100 * row['test']:.1f} | "
+            f"{f'{100 * norm:.1f}' if norm is not None else '-'} | - |"
+        )
+    first = rows[0]
+    slots = concurrent_trials(search, args.cpus)
+    per_candidate_s = first["search_wall_s"] * slots / max(first["candidates"], 1)
+    print(
+        f"\none candidate (first run): {per_candidate_s:.2f}s of a trial slot in the search ({slots} trials at once) "
+        f"vs {bare_s:.2f}s bare in-memory merge + evaluation = orchestration overhead "
+        f"x{per_candidate_s / bare_s:.2f}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     bench_started = time.perf_counter()
-    request, result, service = run_evolution(args)
-
+    runs, service = run_evolutions(args)
+    request, result = runs[0]
     models = Models(service, request)
     grid_path = Path(args.grid_json or PROJECT_ROOT / "bench" / "out" / f"{args.preset}.json")
     grid = grid_from_json(grid_path)
@@ -265,53 +366,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(no grid results at {grid_path}: computing the grid here)", flush=True)
         grid = grid_computed(models)
     bare_s = bare_candidate_seconds(models, result, request["search"].get("dev_batch_size"))
-
-    search = result["search"]
-    evaluated = search["evaluated_this_run"]
-    slots = concurrent_trials(request["search"], args.cpus)
-    per_candidate_s = search["search_wall_s"] * slots / max(evaluated, 1)
-    rows = table(result, grid, models.space.models, models.space.base_model)
-    metric = result["test"]["metric"]
-    print(
-        f"\n## evolve bench: {args.preset}, test {metric} (held-out), {search['kind']} "
-        f"population {search['population']} x {search['generations']} generations\n"
-    )
-    print(f"| model | test {metric} |\n|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {100 * value:.1f} |")
-    evolved = rows[0][1]
-    best_parent = max(result["test"]["scores"][m] for m in models.space.models)
-    best_grid = max(row["test"] for row in grid.values())
-    print(
-        f"\nevolved - best parent: {100 * (evolved - best_parent):+.1f} points; "
-        f"evolved - best grid merge: {100 * (evolved - best_grid):+.1f} points"
-    )
-    print(
-        f"candidates: {evaluated} in {search['search_wall_s']:.0f}s of search = "
-        f"{search['candidates_per_minute']:.2f} candidates/minute"
-    )
-    print(
-        f"one candidate: {per_candidate_s:.2f}s of a trial slot in the search ({slots} trials at once) vs "
-        f"{bare_s:.2f}s bare in-memory merge + evaluation = orchestration overhead x{per_candidate_s / bare_s:.2f}"
-    )
-    print(
-        f"finalize (finalists on full dev, merge to disk, register, test scores): {result['finalize_s']:.0f}s; "
-        f"bench total {time.perf_counter() - bench_started:.0f}s",
-        flush=True,
-    )
-
+    own = {d: result["test"]["per_dataset"][m][d] for d, m in models.own_finetune.items()}
+    rows = run_rows(runs, own)
+    print_report(args, models, runs, rows, grid, own, bare_s)
+    print(f"bench total {time.perf_counter() - bench_started:.0f}s", flush=True)
     if args.json:
         out = {
             "preset": args.preset,
-            "request": request,
-            "result": result,
+            "requests": [r for r, _ in runs],
+            "runs": rows,
+            "results": [r for _, r in runs],
             "grid": grid,
-            "table": [{"model": n, "test": v} for n, v in rows],
-            "candidates_per_minute": search["candidates_per_minute"],
-            "seconds_per_candidate": per_candidate_s,
-            "concurrent_trials": slots,
+            "own_finetune_test": own,
             "bare_candidate_s": bare_s,
-            "overhead_ratio": per_candidate_s / bare_s,
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))

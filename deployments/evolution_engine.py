@@ -51,3 +51,6 @@ class EvolutionEngine(JobEngine):
 
     def trials(self, job_id: str) -> list[dict[str, Any]]:
         return self.service.trials(job_id)
+
+    def promote(self, job_id: str, candidate_id: str, model_id: str) -> dict[str, Any]:
+        return self.service.promote(job_id, candidate_id, model_id)

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from alloy.errors import AlloyError, ErrorCode, from_validation_error
 from evolution.genome import Bounds, FrankenGenome
 
-SearchKind = Literal["pbt", "cmaes"]
+# pbt: population-based training; cmaes: CMA-ES; random: uniform random search over the same genome and budget
+# (the baseline); nsga2: NSGA-II over the per-dataset dev scores (multi-objective: the result has a Pareto front).
+SearchKind = Literal["pbt", "cmaes", "random", "nsga2"]
 
 
 class GenomeBounds(BaseModel):
@@ -29,6 +31,13 @@ class GenomeBounds(BaseModel):
     fixed: dict[str, Any] = Field(default_factory=dict, description="copied into every recipe, e.g. normalize")
     layer_groups: int = Field(1, ge=1, le=64, description="> 1: one gene per layer group (a gradient list)")
     franken: FrankenGenome | None = None
+    operators: list[str] | None = Field(
+        None,
+        min_length=2,
+        max_length=16,
+        description="an operator gene: the merge method (e.g. task_arithmetic, ties, tsv, iso_c, iso_cts) is "
+        "searched too; a searched parameter a method does not declare is left out of its recipes",
+    )
 
 
 class SearchSettings(BaseModel):
@@ -37,8 +46,10 @@ class SearchSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: SearchKind = "pbt"
-    population: int = Field(8, ge=2, le=256, description="PBT trials; CMA-ES population (popsize)")
-    generations: int = Field(8, ge=1, le=1000, description="PBT training iterations; CMA-ES generations")
+    population: int = Field(
+        8, ge=2, le=256, description="PBT trials; CMA-ES / NSGA-II population; random: candidates per generation"
+    )
+    generations: int = Field(8, ge=1, le=1000, description="PBT training iterations; generations of the other kinds")
     time_budget_s: float | None = Field(None, gt=0, description="stop the search after this many seconds")
     target_fitness: float | None = Field(None, description="stop as soon as a candidate reaches it")
     quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="PBT: bottom share replaced each generation")

@@ -12,27 +12,27 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
+from alloy.config import Settings
 from alloy.errors import AlloyError, ErrorCode, not_found
 from alloy.jobs.liveness import DEFAULT_HEARTBEAT_S
 from alloy.jobs.skeleton import JobRun, JobRunner
 from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
-from alloy.merge.executor import execute_merge, merge_state_dicts
 from alloy.registry.datasets import DatasetRegistry
 from alloy.registry.models import ModelRegistry
 from alloy.storage.artifacts import ArtifactStore
 from alloy.storage.db import Database
 from alloy.storage.tracker import ExperimentTracker
+from evolution.conclude import Conclusion, default_output_id, find_member
 from evolution.config import EvolutionSpec, parse_spec
-from evolution.finalize import Finalist, finalists, lineage_of, plot_fitness
+from evolution.finalize import lineage_of
 from evolution.genome import GenomeSpace
 from evolution.inputs import ResolvedInputs, genome_space, resolve_inputs, skeleton_dir
-from evolution.parents import ParentArrays, as_tensors, load_parents, load_state_dict_arrays
+from evolution.parents import ParentArrays, load_parents
 from evolution.runner import SearchOutcome, can_resume, run_search
-from evolution.scoring import CandidateScorer, InMemoryDatasets, ScorerSpec
+from evolution.scoring import InMemoryDatasets, ScorerSpec
 from evolution.search import cancel_flag, set_external_cancel_check
 from evolution.tracking import Candidate, ProgressSummary, RecordingSink
 
@@ -49,14 +49,14 @@ def experiment_id_for(job_id: str) -> str:
 class EvolutionService:
     def __init__(
         self,
-        settings,
+        settings: Settings,
         *,
-        db,
-        jobs,
-        tracker,
-        models,
-        datasets=None,
-        store=None,
+        db: Database,
+        jobs: JobStore,
+        tracker: ExperimentTracker,
+        models: ModelRegistry | None,  # None: a reader (the HTTP routes list trials and cancel with one)
+        datasets: DatasetRegistry | None = None,
+        store: ArtifactStore | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ):
         self.settings = settings
@@ -79,7 +79,7 @@ class EvolutionService:
         )
 
     @classmethod
-    def from_settings(cls, settings) -> EvolutionService:
+    def from_settings(cls, settings: Settings) -> EvolutionService:
         db = Database.from_settings(settings)
         store = ArtifactStore.from_settings(settings)
         return cls(
@@ -149,9 +149,50 @@ class EvolutionService:
                 ErrorCode.INTERNAL_ERROR, "the search produced no candidate", {"errored_trials": outcome.errored_trials}
             )
         run.transition(JobState.EVALUATING, progress={"stage": "finalizing"})
-        result = self._finalize(job_id, spec, inputs, space, parents, candidates, outcome, experiment_id)
+        result = self._conclusion(spec, inputs, space, parents).finalize(job_id, experiment_id, candidates, outcome)
         self.tracker.flush()
         return result
+
+    def _conclusion(
+        self, spec: EvolutionSpec, inputs: ResolvedInputs, space: GenomeSpace, parents: ParentArrays
+    ) -> Conclusion:
+        return Conclusion(
+            storage_path=self.storage_path,
+            device=self.settings.merge.device,
+            models=self._registry(),
+            tracker=self.tracker,
+            store=self.store,
+            spec=spec,
+            inputs=inputs,
+            space=space,
+            parents=parents,
+        )
+
+    def promote(self, job_id: str, candidate_id: str, model_id: str) -> dict[str, Any]:
+        """Register the Pareto front member ``candidate_id`` of a completed evolution as ``model_id`` (merged to
+        disk, registered with its lineage, scored once on the test split)."""
+        job = self._evolution_job(job_id)
+        if job.state is not JobState.COMPLETED:
+            raise AlloyError(
+                ErrorCode.CONFLICT,
+                f"evolution {job_id!r} has not completed ({job.state.value})",
+                {"job_id": job_id, "state": job.state.value},
+            )
+        member = find_member(job.result, job_id, candidate_id)
+        spec = parse_spec(job.request)
+        inputs = self.resolve_inputs(spec)
+        space = self.genome_space(spec, inputs)
+        experiment_id = experiment_id_for(job_id)
+        chain = lineage_of(candidate_id, self._recorded_candidates(experiment_id))
+        conclusion = self._conclusion(spec, inputs, space, load_parents(inputs.parents))
+        record, test = conclusion.promote(job_id, experiment_id, member, model_id, chain)
+        self.tracker.flush()
+        return {
+            "job_id": job_id,
+            "candidate_id": candidate_id,
+            "model": record.model_dump(mode="json"),
+            "test": test,
+        }
 
     def clean_lost_run(self, job: JobRecord) -> None:
         """What a lost run (its replica killed) left, removed when the job is requeued: the winner's merge
@@ -160,8 +201,8 @@ class EvolutionService:
         job_dir = self.storage_path / job.id
         for scratch in [job_dir / "model", *job_dir.glob(".model.staging-*")]:
             shutil.rmtree(scratch, ignore_errors=True)
-        output = job.request.get("output_model_id") or _default_output_id(job.id)
-        self.models.discard_unfinished(output, job.id)
+        output = job.request.get("output_model_id") or default_output_id(job.id)
+        self._registry().discard_unfinished(output, job.id)
 
     def cancel(self, job_id: str):
         """Ask a running evolution to stop (this process at once; another process within seconds)."""
@@ -177,10 +218,14 @@ class EvolutionService:
             return self.jobs.fail(job_id, CANCELLED, "evolution cancelled on request")
         return self.jobs.update_progress(job_id, cancel_requested=True)
 
-    def trials(self, job_id: str, generation: int | None = None) -> list[dict[str, Any]]:
+    def _evolution_job(self, job_id: str) -> JobRecord:
         job = self.jobs.get(job_id)
         if job.kind.value != EXPERIMENT_KIND:
             raise not_found("evolution", job_id)
+        return job
+
+    def trials(self, job_id: str, generation: int | None = None) -> list[dict[str, Any]]:
+        self._evolution_job(job_id)
         try:
             rows = self.tracker.trials(experiment_id_for(job_id), generation)
         except AlloyError as exc:
@@ -193,8 +238,13 @@ class EvolutionService:
     # ---- inputs -------------------------------------------------------------------------------------------
     def resolve_inputs(self, spec: EvolutionSpec) -> ResolvedInputs:
         return resolve_inputs(
-            spec, data_dir=self.settings.data_dir, models=self.models, datasets=self.datasets, store=self.store
+            spec, data_dir=self.settings.data_dir, models=self._registry(), datasets=self.datasets, store=self.store
         )
+
+    def _registry(self) -> ModelRegistry:
+        if self.models is None:
+            raise AlloyError(ErrorCode.INTERNAL_ERROR, "this EvolutionService reads only: it has no model registry")
+        return self.models
 
     def genome_space(self, spec: EvolutionSpec, inputs: ResolvedInputs) -> GenomeSpace:
         return genome_space(spec, inputs)
@@ -250,151 +300,3 @@ class EvolutionService:
             return bool(self.jobs.get(job_id).progress.get("cancel_requested"))
         except AlloyError:
             return False
-
-    # ---- the end ------------------------------------------------------------------------------------------
-    def _finalize(
-        self,
-        job_id: str,
-        spec: EvolutionSpec,
-        inputs: ResolvedInputs,
-        space: GenomeSpace,
-        parents: ParentArrays,
-        candidates: list[Candidate],
-        outcome: SearchOutcome,
-        experiment_id: str,
-    ) -> dict[str, Any]:
-        started = time.perf_counter()
-        tensors = as_tensors(parents)
-        skeleton = str(skeleton_dir(inputs))
-        data = InMemoryDatasets.read(inputs.source, inputs.dataset_ids, [spec.dev_split, spec.test_split])
-        dev = CandidateScorer(
-            ScorerSpec(model_dir=skeleton, dataset_ids=inputs.dataset_ids, split=spec.dev_split), data
-        )
-        chosen: list[Finalist] = finalists(candidates, spec.search.finalists)
-        for finalist in chosen:
-            recipe = space.decode(finalist.candidate.genome)
-            finalist.dev_metrics = dev.score(merge_state_dicts(recipe, tensors, device=self.settings.merge.device))
-            finalist.dev_fitness = finalist.dev_metrics["fitness"]
-        winner = max(chosen, key=lambda f: f.dev_fitness)
-        recipe = space.decode(winner.candidate.genome)
-
-        out_dir = self.storage_path / job_id / "model"
-        if out_dir.exists():  # a replay that died while finalizing
-            shutil.rmtree(out_dir)
-        execute_merge(
-            recipe, {m: Path(p) for m, p in inputs.parents.items()}, out_dir, device=self.settings.merge.device
-        )
-        _copy_tokenizer(Path(skeleton), out_dir)
-        model_id = spec.output_model_id or _default_output_id(job_id)
-        chain = lineage_of(winner.candidate.candidate_id, candidates)
-        lineage = {
-            "kind": "evolution",
-            "job_id": job_id,
-            "experiment_id": experiment_id,
-            "trial_id": winner.candidate.candidate_id,
-            "lineage": chain,
-            "parents": space.models,
-            "base_model": space.base_model,
-            "recipe": recipe.model_dump(mode="json", exclude_none=True),
-            "search": spec.search.kind,
-        }
-        if not self.models.exists(model_id):
-            self.models.register(model_id, str(out_dir), lineage=lineage)
-
-        test = CandidateScorer(
-            ScorerSpec(model_dir=skeleton, dataset_ids=inputs.dataset_ids, split=spec.test_split), data
-        )
-        test_scores = {model_id: test.evaluator.score(_load_dir_tensors(out_dir))}
-        for parent_id in space.models:
-            test_scores[parent_id] = test.evaluator.score(tensors[parent_id])
-        if space.base_model:
-            test_scores[space.base_model] = test.evaluator.score(tensors[space.base_model])
-        mean_key = f"mean_{test.metric}"
-        for scored_model, metrics in test_scores.items():
-            for dataset_id, value in metrics.items():
-                self.tracker.log_result(
-                    experiment_id,
-                    scored_model,
-                    None if dataset_id.startswith("mean_") else dataset_id,
-                    spec.test_split,
-                    test.metric if not dataset_id.startswith("mean_") else dataset_id,
-                    float(value),
-                )
-
-        plot = self._store_plot(job_id, candidates, spec)
-        best_parent = max(space.models, key=lambda m: test.sign * test_scores[m][mean_key])
-        evolved_test = test_scores[model_id][mean_key]
-        return {
-            "model_id": model_id,
-            "experiment_id": experiment_id,
-            "best_trial": winner.candidate.candidate_id,
-            "lineage": chain,
-            "recipe": lineage["recipe"],
-            "genome": winner.candidate.genome,
-            "dev_fitness": winner.dev_fitness,
-            "finalists": [
-                {
-                    "trial": f.candidate.candidate_id,
-                    "mean_batch_fitness": f.mean_batch_fitness,
-                    "evaluations": f.evaluations,
-                    "dev_fitness": f.dev_fitness,
-                }
-                for f in chosen
-            ],
-            "test": {
-                "metric": mean_key,
-                "scores": {m: s[mean_key] for m, s in test_scores.items()},
-                "per_dataset": test_scores,
-                "best_parent": best_parent,
-                "beats_every_parent": all(
-                    test.sign * evolved_test > test.sign * test_scores[m][mean_key] for m in space.models
-                ),
-            },
-            "fitness_plot": plot,
-            "search": {
-                "kind": spec.search.kind,
-                "population": spec.search.population,
-                "generations": spec.search.generations,
-                "candidates": len(candidates),
-                "evaluated_this_run": len(outcome.candidates),
-                "resumed": outcome.resumed,
-                "search_wall_s": round(outcome.wall_s, 2),
-                "candidates_per_minute": round(len(outcome.candidates) / max(outcome.wall_s, 1e-9) * 60, 2),
-                "errored_trials": outcome.errored_trials,
-            },
-            "finalize_s": round(time.perf_counter() - started, 2),
-        }
-
-    def _store_plot(self, job_id: str, candidates: list[Candidate], spec: EvolutionSpec) -> dict[str, Any]:
-        path = plot_fitness(
-            candidates,
-            self.storage_path / job_id / "fitness.png",
-            title=f"{spec.name or job_id}: fitness by generation ({spec.search.kind})",
-        )
-        if self.store is None:
-            return {"path": str(path)}
-        info = self.store.put_file(f"evolutions/{job_id}/fitness.png", path)
-        return {"key": info.key, "uri": info.uri, "size": info.size, "sha256": info.sha256}
-
-
-def _default_output_id(job_id: str) -> str:
-    return f"evolved-{job_id[:24]}"
-
-
-def _copy_tokenizer(source: Path, out_dir: Path) -> None:
-    """The merged folder must be loadable on its own (evaluation needs the tokenizer files)."""
-    for name in (
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "vocab.txt",
-        "tokenizer.model",
-        "merges.txt",
-        "vocab.json",
-    ):
-        if (source / name).exists() and not (out_dir / name).exists():
-            shutil.copy2(source / name, out_dir / name)
-
-
-def _load_dir_tensors(model_dir: Path):
-    return as_tensors({"m": load_state_dict_arrays(model_dir)})["m"]

@@ -10,12 +10,20 @@ Layer groups: with ``layer_groups = G > 1`` a parameter has one gene per group a
 The optional layer-order (data-flow) genome of a franken merge is a fixed number of slots; each slot has three
 genes (model, start layer, length) and decodes to one ``{model, layer_range: [start, end)}`` slice; a slot whose
 length decodes to zero is skipped, so the search can also shorten the stack.
+
+The optional operator gene (``operators``: merge method names, e.g. task_arithmetic, ties, tsv, iso_c, iso_cts)
+chooses the merge method: a real gene over ``[0, n)`` floored to an index (so CMA-ES and Optuna's samplers search
+it like any other gene), decoded to the method's strategy family and ``variant``; a searched parameter the chosen
+method does not declare is left out of that recipe (TIES's density under task arithmetic). PBT's step treats it as
+categorical: it switches to another method with probability ``sigma`` (and is redrawn with the resample
+probability), never by a Gaussian step over an order the methods do not have.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -66,6 +74,10 @@ class GeneSpec(BaseModel):
     parameter: str
     model_index: int | None = None  # None: a global recipe parameter
     group: int | None = None  # None: one value for every layer
+    choices: list[str] | None = None  # a choice gene: the value floors to an index into these
+
+
+OPERATOR_GENE = "operator"
 
 
 class FrankenGenome(BaseModel):
@@ -95,6 +107,7 @@ class GenomeSpace(BaseModel):
     fixed: dict[str, Any] = Field(default_factory=dict)
     layer_groups: int = Field(1, ge=1, le=64)
     franken: FrankenGenome | None = None
+    operators: list[str] | None = Field(None, min_length=2, description="merge methods the operator gene picks")
     dtype: str | None = None
     seed: int | None = None
 
@@ -136,6 +149,16 @@ class GenomeSpace(BaseModel):
                 )
         if self.franken is not None:
             genes.extend(self._franken_genes(self.franken))
+        if self.operators is not None:
+            count = len(self.operators)
+            genes.append(
+                GeneSpec(
+                    name=OPERATOR_GENE,
+                    parameter=OPERATOR_GENE,
+                    bounds=Bounds(low=0, high=count - 1e-6, init=0.5),  # the first listed method
+                    choices=list(self.operators),
+                )
+            )
         return genes
 
     def gene_map(self) -> dict[str, GeneSpec]:
@@ -208,7 +231,9 @@ class GenomeSpace(BaseModel):
         for gene in self.genes():
             bounds = gene.bounds
             value = genome.get(gene.name, bounds.start)
-            if rng.random() < resample_probability:
+            if gene.choices is not None:
+                child[gene.name] = _step_choice(value, len(gene.choices), rng, sigma, resample_probability)
+            elif rng.random() < resample_probability:
                 child[gene.name] = rng.uniform(bounds.low, bounds.high)
             else:
                 child[gene.name] = bounds.clip(value + rng.gauss(0.0, sigma * (bounds.high - bounds.low)))
@@ -235,15 +260,20 @@ class GenomeSpace(BaseModel):
         """The recipe as the plain dict Alloy's ``MergeRecipe`` validates (kept dict-shaped so that decoding
         needs no merge code, e.g. in the driver's tracker callback)."""
         genome = self.validate_genome(genome)
+        method = self.operator_of(genome)
+        declared = _declared_by(method)
         models = []
         for index, model_id in enumerate(self.models):
-            parameters = {name: self._value(genome, name, index) for name in self.per_model}
+            parameters = {name: self._value(genome, name, index) for name in self.per_model if declared(name)}
             models.append({"model": model_id, "parameters": parameters})
+        searched = {name: self._value(genome, name, None) for name in self.global_parameters if declared(name)}
         recipe: dict[str, Any] = {
-            "strategy": self.strategy,
+            "strategy": self.strategy if method is None else _family_of(method),
             "models": models,
-            "parameters": {**self.fixed, **{name: self._value(genome, name, None) for name in self.global_parameters}},
+            "parameters": {**{k: v for k, v in self.fixed.items() if declared(k)}, **searched},
         }
+        if method is not None:
+            recipe["variant"] = method
         if self.base_model is not None:
             recipe["base_model"] = self.base_model
         if self.franken is not None:
@@ -253,6 +283,12 @@ class GenomeSpace(BaseModel):
         if self.seed is not None:
             recipe["seed"] = self.seed
         return recipe
+
+    def operator_of(self, genome: Genome) -> str | None:
+        """The merge method the operator gene picks (None: the space has no operator gene)."""
+        if self.operators is None:
+            return None
+        return self.operators[min(int(genome[OPERATOR_GENE]), len(self.operators) - 1)]
 
     def decode(self, genome: Genome):
         """``genome -> alloy.merge.recipe.MergeRecipe``."""
@@ -281,27 +317,69 @@ class GenomeSpace(BaseModel):
 def _check_against_strategy(space: GenomeSpace) -> None:
     """Every searched parameter must be one the strategy declares, in its scope and inside its legal range, so a
     decoded genome is always a valid recipe (the search never wastes candidates on refused recipes). Checked by
-    validating the recipes at both corners of the search box: the recipe validator is the one source of truth."""
+    validating the recipes at both corners of the search box (for every method the operator gene can pick): the
+    recipe validator is the one source of truth."""
+    if space.franken is not None and space.strategy != "franken_merge":
+        raise ValueError("a layer-order genome needs strategy franken_merge")
+    methods: list[str | None] = list(space.operators) if space.operators is not None else [None]
+    if space.operators is not None:
+        for name in [*space.per_model, *space.global_parameters]:
+            if not any(_declared_by(m)(name) for m in methods):
+                raise ValueError(f"no operator of {space.operators} has a parameter {name!r}")
+    for method in methods:
+        for corner in ("low", "high"):
+            _check_corner(space, method, corner)
+
+
+def _check_corner(space: GenomeSpace, method: str | None, corner: str) -> None:
     from alloy.errors import AlloyError
     from alloy.merge.recipe import MergeRecipe, validate_recipe
 
-    if space.franken is not None and space.strategy != "franken_merge":
-        raise ValueError("a layer-order genome needs strategy franken_merge")
-    for corner in ("low", "high"):
-        per_model = {name: getattr(bounds, corner) for name, bounds in space.per_model.items()}
-        recipe: dict[str, Any] = {
-            "strategy": space.strategy,
-            "models": [{"model": m, "parameters": per_model} for m in space.models],
-            "parameters": {**space.fixed, **{name: getattr(b, corner) for name, b in space.global_parameters.items()}},
-        }
-        if space.base_model is not None:
-            recipe["base_model"] = space.base_model
-        if space.franken is not None:
-            recipe["slices"] = [{"model": m, "layer_range": [0, 1]} for m in space.models]
-        try:
-            validate_recipe(MergeRecipe.model_validate(recipe))
-        except AlloyError as exc:
-            raise ValueError(f"the search space can decode to a refused recipe: {exc.message}") from None
+    declared = _declared_by(method)
+    per_model = {name: getattr(bounds, corner) for name, bounds in space.per_model.items() if declared(name)}
+    searched = {name: getattr(b, corner) for name, b in space.global_parameters.items() if declared(name)}
+    recipe: dict[str, Any] = {
+        "strategy": space.strategy if method is None else _family_of(method),
+        "models": [{"model": m, "parameters": per_model} for m in space.models],
+        "parameters": {**{k: v for k, v in space.fixed.items() if declared(k)}, **searched},
+    }
+    if method is not None:
+        recipe["variant"] = method
+    if space.base_model is not None:
+        recipe["base_model"] = space.base_model
+    if space.franken is not None:
+        recipe["slices"] = [{"model": m, "layer_range": [0, 1]} for m in space.models]
+    try:
+        validate_recipe(MergeRecipe.model_validate(recipe))
+    except AlloyError as exc:
+        raise ValueError(f"the search space can decode to a refused recipe: {exc.message}") from None
+
+
+def _declared_by(method: str | None) -> Callable[[str], bool]:
+    """Whether ``method`` declares a parameter (every parameter passes when no operator gene picks the method)."""
+    if method is None:
+        return lambda name: True
+    from kernels.registry import get_method  # lazily: the genome itself needs no merge kernels
+
+    index = get_method(method).param_index
+    return lambda name: name in index
+
+
+def _family_of(method: str) -> str:
+    from kernels.registry import get_method
+
+    return get_method(method).family
+
+
+def _step_choice(value: float, count: int, rng: random.Random, sigma: float, resample_probability: float) -> float:
+    """A choice gene's step: another choice with probability ``sigma``, a uniform redraw with the resample
+    probability, else the same choice (at the middle of its interval, so clipping never moves it)."""
+    index = min(int(value), count - 1)
+    if rng.random() < resample_probability:
+        index = rng.randrange(count)
+    elif rng.random() < sigma:
+        index = rng.choice([i for i in range(count) if i != index])
+    return index + 0.5
 
 
 def _gene_name(parameter: str, model_index: int | None, group: int | None) -> str:

@@ -87,6 +87,7 @@ def genome_space(spec: EvolutionSpec, inputs: ResolvedInputs) -> GenomeSpace:
             fixed=genome.fixed,
             layer_groups=genome.layer_groups,
             franken=genome.franken,
+            operators=genome.operators,
             dtype=spec.dtype,
             seed=spec.search.seed,
         )

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # torch loads only in processes that handle tensors
+    import torch
 
 ParentArrays = dict[str, dict[str, np.ndarray]]
 
@@ -36,7 +40,7 @@ def load_parents(model_dirs: dict[str, Path]) -> ParentArrays:
     return {model_id: load_state_dict_arrays(path) for model_id, path in model_dirs.items()}
 
 
-def as_tensors(parents: ParentArrays) -> dict[str, dict[str, torch.Tensor]]:  # noqa: F821
+def as_tensors(parents: ParentArrays) -> dict[str, dict[str, torch.Tensor]]:
     """Zero-copy torch views of the shared arrays."""
     # lazy: torch loads only in processes that handle tensors
     import torch

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from evolution.config import SearchSettings
 from evolution.genome import GenomeSpace
 from evolution.parents import ParentArrays
+from evolution.sampled import OPTUNA_KINDS
 from evolution.scoring import ScorerSpec
 from evolution.search import EvolutionStopper, build_tune_config, is_cancelled
 from evolution.tracking import Candidate, CandidateCallback, CandidateSink, register_sink
@@ -89,7 +90,7 @@ def run_search(
         dev_batch_size=settings.dev_batch_size,
         batch_seed=settings.seed,
         device=device,
-        ordinal_generations=settings.population if settings.kind == "cmaes" else None,
+        ordinal_generations=settings.population if settings.kind in OPTUNA_KINDS else None,
         incarnation=uuid.uuid4().hex,
     )
     trainable = _trainable(parents, data, setup, settings)
@@ -101,7 +102,7 @@ def run_search(
             str(experiment_path), trainable=trainable, resume_unfinished=True, resume_errored=True
         )
     else:
-        tune_config, param_space = build_tune_config(space, settings)
+        tune_config, param_space = build_tune_config(space, settings, objectives=len(scorer.dataset_ids))
         run_config = tune.RunConfig(
             name=run_name,
             storage_path=str(storage_path),
@@ -121,7 +122,7 @@ def run_search(
     finally:
         register_sink(run_name, None)
     cancelled = is_cancelled(run_name)
-    errored = [str(result.path) for result in grid if result.error is not None]
+    errored = [str(grid[i].path) for i in range(len(grid)) if grid[i].error is not None]
     candidates = sorted(collected.candidates, key=lambda c: (c.generation, c.candidate_id))
     return SearchOutcome(
         candidates=candidates,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from alloy.errors import not_found, validation_failed
 from alloy.evaluation.candidate import CandidateEvaluator
+from evolution.objectives import objectives_in
 
 
 class InMemoryDatasets:
@@ -66,7 +67,7 @@ class CandidateScorer:
     def sizes(self) -> dict[str, int]:
         return {dataset.dataset_id: len(dataset) for dataset in self.evaluator.datasets}
 
-    def score(self, state_dict, batch_indices: Mapping[str, Sequence[int]] | None = None) -> dict[str, float]:
+    def score(self, state_dict, batch_indices: Mapping[str, Sequence[int] | None] | None = None) -> dict[str, float]:
         metrics = self.evaluator.score(state_dict, batch_indices)
         # fitness: the mean over datasets, signed so that higher is better (perplexity is negated)
         return {**metrics, "fitness": self.sign * metrics[f"mean_{self.metric}"]}
@@ -101,6 +102,7 @@ class FitnessRecord(BaseModel):
 
     candidate_id: str
     fitness: float
+    objectives: dict[str, float] = {}  # the per-dataset objectives it reported (the multi-objective kind reads them)
 
 
 class FitnessLedger:
@@ -128,12 +130,20 @@ class FitnessLedger:
     def lookup(self, genome: Mapping[str, float]) -> FitnessRecord | None:
         return self.records.get(self.key(genome))
 
-    def record(self, genome: Mapping[str, float], candidate_id: str, fitness: float) -> None:
+    def record(
+        self,
+        genome: Mapping[str, float],
+        candidate_id: str,
+        fitness: float,
+        objectives: Mapping[str, float] | None = None,
+    ) -> None:
         key = self.key(genome)
         self.planned.discard(key)
-        self.records.setdefault(key, FitnessRecord(candidate_id=candidate_id, fitness=fitness))
+        record = FitnessRecord(candidate_id=candidate_id, fitness=fitness, objectives=dict(objectives or {}))
+        self.records.setdefault(key, record)
 
     def record_result(self, result: Mapping[str, Any]) -> None:
         """Remember a trial's reported candidate (results of repeats carry no ``candidate_id``)."""
         if result.get("candidate_id") and result.get("genome_json"):
-            self.record(json.loads(result["genome_json"]), result["candidate_id"], float(result["fitness"]))
+            genome = json.loads(result["genome_json"])
+            self.record(genome, result["candidate_id"], float(result["fitness"]), objectives_in(result))

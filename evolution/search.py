@@ -1,5 +1,6 @@
-"""Ray Tune search over genomes: population-based training (exploit a top genome, explore by perturbing it) or
-CMA-ES through Optuna, behind one ``build_tuner``/``restore_tuner`` pair.
+"""Ray Tune search over genomes: population-based training (exploit a top genome, explore by perturbing it), or one
+of the Optuna-sampled kinds (CMA-ES, random search, NSGA-II: :mod:`evolution.sampled`), behind one
+``build_tune_config``.
 
 Everything handed to Tune here is picklable plain data (Tune stores the scheduler, searcher, stopper and
 callbacks in the experiment folder so that ``Tuner.restore`` can continue a run after a forced shutdown).
@@ -18,16 +19,14 @@ from typing import Any
 
 from ray import tune
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
-from ray.tune.search import ConcurrencyLimiter
 from ray.tune.stopper import Stopper
 
 from evolution.config import SearchSettings
 from evolution.genome import Genome, GenomeSpace
+from evolution.objectives import METRIC, MODE
+from evolution.sampled import optuna_tune_config
 from evolution.scoring import FitnessLedger
-from evolution.trainable import CACHED_KEY, GENOME_KEY, LINEAGE_KEY, ORDINAL_KEY
-
-METRIC = "fitness"
-MODE = "max"
+from evolution.trainable import CACHED_KEY, GENOME_KEY, LINEAGE_KEY
 
 
 class GenomeExplorer:
@@ -62,7 +61,7 @@ def _seeded_pbt_random(rng: random.Random) -> Iterator[None]:
     from ray.tune.schedulers import pbt
 
     saved = pbt.random
-    pbt.random = rng
+    pbt.random = rng  # type: ignore[assignment]  # a seeded Random stands in for the module (PBT calls its functions)
     try:
         yield
     finally:
@@ -175,6 +174,7 @@ class GenomePBT(PopulationBasedTraining):
     def _fresh(self, genome: Genome) -> tuple[Genome, dict[str, Any] | None]:
         """A mutation of ``genome`` never handed out before, and ``None``; or, when :data:`FRESH_TRIES` draws
         found none, the last draw and what the ledger knows of it (the trial then reports that, unscored)."""
+        assert self._explorer is not None and self._ledger is not None  # only a scheduler given a space steps
         for _ in range(FRESH_TRIES):
             child = self._explorer.perturb(genome)
             if self._ledger.claim(child):
@@ -252,8 +252,11 @@ def initial_population(space: GenomeSpace, settings: SearchSettings) -> list[dic
     )
 
 
-def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tune.TuneConfig, dict[str, Any]]:
-    """The TuneConfig and param space of one search kind."""
+def build_tune_config(
+    space: GenomeSpace, settings: SearchSettings, objectives: int = 1
+) -> tuple[tune.TuneConfig, dict[str, Any]]:
+    """The TuneConfig and param space of one search kind (``objectives``: the fitness datasets, each one
+    objective of the multi-objective kind)."""
     if settings.kind == "pbt":
         scheduler = GenomePBT(
             space=space,
@@ -275,72 +278,4 @@ def build_tune_config(space: GenomeSpace, settings: SearchSettings) -> tuple[tun
             max_concurrent_trials=settings.max_concurrent_trials,
             reuse_actors=True,
         ), param_space
-    return _cmaes_tune_config(space, settings), {}
-
-
-class OrdinalLimiter(ConcurrencyLimiter):
-    """Numbers the suggested candidates (config ``ordinal``): CMA-ES generation = ordinal // population, so the
-    candidates of one CMA-ES generation are scored on the same rotating dev batch. With ``space``, a suggested
-    genome the run already scored is not scored again: its trial is told the recorded fitness (config
-    ``cached``) and reports it without becoming a candidate."""
-
-    _next_ordinal = 0
-
-    def __init__(self, searcher, max_concurrent: int, batch: bool = False, space: GenomeSpace | None = None):
-        super().__init__(searcher, max_concurrent=max_concurrent, batch=batch)
-        self.ledger = FitnessLedger(space) if space is not None else None
-
-    def suggest(self, trial_id):
-        config = super().suggest(trial_id)
-        if isinstance(config, dict):
-            config = {**config, ORDINAL_KEY: self._next_ordinal}
-            self._next_ordinal += 1
-            if self.ledger is not None and not self.ledger.claim(config[GENOME_KEY]):
-                known = self.ledger.lookup(config[GENOME_KEY])
-                config[CACHED_KEY] = known.model_dump() if known is not None else None
-        return config
-
-    def on_trial_complete(self, trial_id, result=None, error=False):
-        if self.ledger is not None and result:
-            self.ledger.record_result(result)
-        return super().on_trial_complete(trial_id, result=result, error=error)
-
-
-def _cmaes_tune_config(space: GenomeSpace, settings: SearchSettings) -> tune.TuneConfig:
-    # lazy: only the cmaes search needs Optuna
-    import optuna
-    from ray.tune.search.optuna import OptunaSearch
-
-    genes = space.genes()
-    distributions = {
-        f"{GENOME_KEY}/{gene.name}": optuna.distributions.FloatDistribution(gene.bounds.low, gene.bounds.high)
-        for gene in genes
-    }
-    x0 = {f"{GENOME_KEY}/{gene.name}": gene.bounds.start for gene in genes} if settings.include_initial else None
-    sigma0 = settings.init_spread or settings.sigma * 2  # in Optuna's [0, 1]-scaled space: a fraction of each range
-    sampler = optuna.samplers.CmaEsSampler(
-        x0=x0,
-        sigma0=sigma0,
-        popsize=settings.population,
-        seed=settings.seed,
-        n_startup_trials=0,
-        warn_independent_sampling=False,
-    )
-    searcher = OptunaSearch(space=distributions, sampler=sampler, metric=METRIC, mode=MODE, seed=settings.seed)
-    # CMA-ES asks a generation at a time; never more candidates in flight than one generation. ``batch``: the
-    # next candidates are asked only once every one in flight is told, so what CMA-ES has been told when it
-    # asks (hence what it asks) never depends on which trial finished first: one seed gives one run.
-    limited = OrdinalLimiter(
-        searcher,
-        max_concurrent=min(settings.population, settings.max_concurrent_trials or settings.population),
-        batch=True,
-        space=space,
-    )
-    return tune.TuneConfig(
-        metric=METRIC,
-        mode=MODE,
-        search_alg=limited,
-        num_samples=settings.population * settings.generations,
-        time_budget_s=settings.time_budget_s,
-        reuse_actors=True,
-    )
+    return optuna_tune_config(space, settings, objectives), {}

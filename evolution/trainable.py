@@ -25,14 +25,18 @@ import os
 import random
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from alloy.merge.executor import merge_state_dicts
 from evolution.genome import Genome, GenomeSpace
+from evolution.objectives import objectives_of
 from evolution.parents import ParentArrays, as_tensors
-from evolution.scoring import FitnessRecord, ScorerSpec, cached_scorer, genome_key
+from evolution.scoring import CandidateScorer, FitnessRecord, ScorerSpec, cached_scorer, genome_key
+
+if TYPE_CHECKING:  # torch loads only in processes that handle tensors
+    import torch
 
 GENOME_KEY = "genome"
 LINEAGE_KEY = "lineage"
@@ -203,8 +207,8 @@ def _step(space: GenomeSpace, genome: Genome, seed: int, generation: int) -> Gen
 def _score(
     space: GenomeSpace,
     genome: Genome,
-    tensors,
-    scorer,
+    tensors: dict[str, dict[str, torch.Tensor]],
+    scorer: CandidateScorer,
     setup: TrialSetup,
     generation: int,
     parent_candidate: str | None,
@@ -222,6 +226,7 @@ def _score(
     del merged
     return {
         "fitness": metrics["fitness"],
+        **objectives_of(metrics, scorer.spec.dataset_ids, scorer.sign),
         "generation": generation,
         "candidate_id": f"{trial_id}-g{generation:03d}",
         "parent_candidate": parent_candidate or "",
@@ -241,6 +246,7 @@ def _repeat_result(
     candidate callback records only rows that have one)."""
     return {
         "fitness": known.fitness,
+        **known.objectives,
         "generation": generation,
         "repeat_of": known.candidate_id,
         "parent_candidate": parent_candidate or "",

@@ -44,6 +44,7 @@ OPERATION_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("POST", "/datasets"): (409,),  # id registered
     ("GET", "/evaluations/{job_id}/results"): (409,),  # the evaluation has not COMPLETED
     ("POST", "/evolutions/{job_id}/cancel"): (409,),  # the evolution already ended
+    ("POST", "/evolutions/{job_id}/promote"): (409,),  # not COMPLETED, no Pareto front, or the model id is taken
     ("POST", "/admin/drain"): (409,),  # no worker node can be drained
     ("GET", "/artifacts/{key}/content"): (206,),  # a resumed download
 }
@@ -88,6 +89,7 @@ LINKS: list[Link] = [
         ("GetEvolution", "GET", "/evolutions/{job_id}", "job_id"),
         ("GetEvolutionTrials", "GET", "/evolutions/{job_id}/trials", "job_id"),
         ("CancelEvolution", "POST", "/evolutions/{job_id}/cancel", "job_id"),
+        ("PromoteEvolutionMember", "POST", "/evolutions/{job_id}/promote", "job_id"),
         ("GetJob", "GET", "/jobs/{job_id}", "job_id"),
     ),
     *_links_to(

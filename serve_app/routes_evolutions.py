@@ -1,4 +1,5 @@
-"""HTTP routes of evolutions: start (rate-limited as a job), progress, candidates, cancel.
+"""HTTP routes of evolutions: start (rate-limited as a job), progress, candidates, cancel, promote a Pareto front
+member.
 
 The ingress validates the request, creates the job (CREATED) and hands it to the EvolutionEngine deployment
 without awaiting it; the engine writes state and progress to the JobStore, which these GETs read.
@@ -16,6 +17,8 @@ from alloy.errors import not_found
 from alloy.jobs.store import JobKind, JobRecord
 from alloy.storage.tracker import ExperimentTracker
 from alloy.wire import JobId
+from alloy.wire_evolution import EvolutionView, PromoteRequest, PromotionView
+from deployments._calls import call
 from evolution.config import EvolutionSpec
 from evolution.engine import EvolutionService
 from serve_app.context import api_context
@@ -24,7 +27,8 @@ from serve_app.routing import scope
 from serve_app.schemas import JobAccepted
 
 router = APIRouter(tags=["evolutions"])
-MAX_GENERATION = 2**31 - 1  # a bound for the query (a larger integer would overflow the database's)
+MAX_GENERATION = 2**31 - 1
+PROMOTE_TIMEOUT_S = 1800  # a bound for the query (a larger integer would overflow the database's)
 
 
 def _evolution(request: Request, job_id: str) -> JobRecord:
@@ -56,6 +60,7 @@ def _view(request: Request, job: JobRecord) -> dict[str, Any]:
         "resumed_from_checkpoint": bool(progress.get("resumed_from_checkpoint", False)),
         "trials_url": f"{_progress_url(request, job.id)}/trials",
         "result": job.result,
+        "pareto_front": (job.result or {}).get("pareto_front"),
         "error": job.error.model_dump() if job.error else None,
         "created_at": job.created_at,
         "updated_at": job.updated_at,
@@ -87,8 +92,9 @@ async def create_evolution(body: EvolutionSpec, request: Request, response: Resp
 
 @router.get(
     "/evolutions/{job_id}",
+    response_model=EvolutionView,
     dependencies=scope("read"),
-    summary="Progress of an evolution: generation, best and median fitness, trials",
+    summary="Progress of an evolution: generation, best and median fitness, trials; its Pareto front (nsga2)",
 )
 def get_evolution(job_id: JobId, request: Request) -> dict[str, Any]:
     return _view(request, _evolution(request, job_id))
@@ -127,3 +133,21 @@ async def cancel_evolution(job_id: JobId, request: Request) -> dict[str, Any]:
     )
     job = await asyncio.to_thread(canceller.cancel, job_id)
     return _view(request, job)
+
+
+@router.post(
+    "/evolutions/{job_id}/promote",
+    status_code=201,
+    response_model=PromotionView,
+    dependencies=scope("write"),
+    summary="Register a Pareto front member of a completed evolution as a model (merged, registered, tested once)",
+)
+async def promote_member(job_id: JobId, body: PromoteRequest, request: Request) -> PromotionView:
+    _evolution(request, job_id)
+    ctx = api_context(request)
+    # The engine replica merges and registers (the ingress holds no parents); a merge of a large model takes
+    # minutes, hence the long timeout.
+    view = await call(
+        ctx.handle(c.EVOLUTION_ENGINE), "promote", job_id, body.candidate_id, body.model_id, timeout_s=PROMOTE_TIMEOUT_S
+    )
+    return PromotionView.model_validate(view)

@@ -18,6 +18,7 @@ ENV_URL = "ALLOY_URL"
 ENV_KEY = "ALLOY_API_KEY"
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_HTTP_PORT}"  # `alloy start`'s default port
 DEFAULT_TIMEOUT_S = 60.0
+PROMOTE_TIMEOUT_S = 1800.0  # a promotion merges a Pareto front member to disk: minutes for a large model
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED"})
 
 

@@ -13,13 +13,12 @@ from alloy.client import _common as c
 from alloy.client.errors import AlloyAPIError
 from alloy.wire import (
     EvaluationResults,
-    EvolutionView,
     JobStreamEvent,
     JobView,
     ModelView,
     PageOf,
-    TrialsView,
 )
+from alloy.wire_evolution import EvolutionView, ParetoMember, PromoteRequest, PromotionView, TrialsView
 
 
 class AsyncJob:
@@ -79,6 +78,14 @@ class AsyncEvolution(AsyncJob):
 
     async def best(self) -> dict[str, Any] | None:
         return c.best_trial(await self.trials())
+
+    async def pareto_front(self) -> list[ParetoMember]:
+        return (await self.status()).pareto_front or []
+
+    async def promote(self, candidate_id: str, model_id: str, timeout: float = c.PROMOTE_TIMEOUT_S) -> PromotionView:
+        body = PromoteRequest(candidate_id=candidate_id, model_id=model_id).model_dump()
+        response = await self.client._request("POST", f"/evolutions/{self.id}/promote", json=body, timeout=timeout)
+        return PromotionView.model_validate(response.json())
 
 
 class AsyncClient:

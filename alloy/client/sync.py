@@ -23,7 +23,6 @@ from alloy.wire import (
     ArtifactView,
     DatasetView,
     EvaluationResults,
-    EvolutionView,
     JobEvent,
     JobStreamEvent,
     JobView,
@@ -31,8 +30,8 @@ from alloy.wire import (
     ModelView,
     NewKeyView,
     PageOf,
-    TrialsView,
 )
+from alloy.wire_evolution import EvolutionView, ParetoMember, PromoteRequest, PromotionView, TrialsView
 
 DOWNLOAD_CHUNK = 1 << 20
 
@@ -113,6 +112,16 @@ class Evolution(Job):
 
     def cancel(self) -> EvolutionView:
         return EvolutionView.model_validate(self.client._request("POST", f"/evolutions/{self.id}/cancel").json())
+
+    def pareto_front(self) -> list[ParetoMember]:
+        """The Pareto front of a completed multi-objective (nsga2) evolution; empty otherwise."""
+        return self.status().pareto_front or []
+
+    def promote(self, candidate_id: str, model_id: str, timeout: float = c.PROMOTE_TIMEOUT_S) -> PromotionView:
+        """Register the front member ``candidate_id`` as ``model_id`` (merged, registered, tested once)."""
+        body = PromoteRequest(candidate_id=candidate_id, model_id=model_id).model_dump()
+        response = self.client._request("POST", f"/evolutions/{self.id}/promote", json=body, timeout=timeout)
+        return PromotionView.model_validate(response.json())
 
 
 class Client:

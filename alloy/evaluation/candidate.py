@@ -18,7 +18,7 @@ from alloy.evaluation.loading import LoadedModel, load_model, load_weights, tied
 from alloy.evaluation.prepared import PreparedDataset, prepare_dataset
 from alloy.evaluation.tasks import higher_is_better
 
-Indices = Sequence[int] | Mapping[str, Sequence[int]] | None
+Indices = Sequence[int] | Mapping[str, Sequence[int] | None] | None  # a dataset mapped to None: all of it
 
 
 def prepare_for_model(

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -66,7 +66,7 @@ class JobRun:
     cancel: threading.Event
     lost: threading.Event = field(default_factory=threading.Event)  # set (with cancel) when the run is fenced
     _undo: list[Callable[[], None]] = field(default_factory=list)
-    _exit: list[Callable[[], None]] = field(default_factory=list)
+    _exit: list[Callable[[], object]] = field(default_factory=list)
 
     @property
     def job_id(self) -> str:
@@ -88,7 +88,7 @@ class JobRun:
         """Run ``action`` if the job does not end COMPLETED (e.g. unregister an output registered early)."""
         self._undo.append(action)
 
-    def on_exit(self, action: Callable[[], None]) -> None:
+    def on_exit(self, action: Callable[[], object]) -> None:
         """Run ``action`` however the run ends (e.g. remove a scratch folder)."""
         self._exit.append(action)
 
@@ -282,7 +282,7 @@ class JobRunner:
             return set(self.accepted)
 
 
-def _run_all(actions: list[Callable[[], None]], what: str, job_id: str) -> None:
+def _run_all(actions: Sequence[Callable[[], object]], what: str, job_id: str) -> None:
     for action in reversed(actions):
         try:
             action()

@@ -1,5 +1,6 @@
 """A real Ray Tune search on the ``tiny`` preset, run twice from one seed: the same candidates (genome, generation,
-fitness) both times, every candidate a distinct genome, none scored twice (issue 18, item 1)."""
+fitness) both times, every candidate a distinct genome, none scored twice (issue 18, item 1); for every search kind,
+and with the operator (merge method) gene."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def tiny_inputs(tmp_path_factory):
     return base, finetunes, dataset_ids, data, parents
 
 
-def search(tiny_inputs, tmp_path, run_name: str, kind: str, seed: int):
+def search(tiny_inputs, tmp_path, run_name: str, kind: str, seed: int, operators: list[str] | None = None):
     from evolution.config import SearchSettings
     from evolution.genome import Bounds, GenomeSpace
     from evolution.runner import run_search
@@ -43,6 +44,7 @@ def search(tiny_inputs, tmp_path, run_name: str, kind: str, seed: int):
         base_model=base.model_id,
         per_model={"weight": Bounds(low=0.0, high=1.5, init=1.0)},
         global_parameters={"lambda": Bounds(low=0.1, high=1.5, init=0.5)},
+        operators=operators,
         seed=seed,
     )
     settings = SearchSettings(
@@ -65,7 +67,7 @@ def fingerprint(candidates):
     return sorted((c.generation, json.dumps(c.genome, sort_keys=True), c.fitness) for c in candidates)
 
 
-@pytest.mark.parametrize("kind", ["pbt", "cmaes"])
+@pytest.mark.parametrize("kind", ["pbt", "cmaes", "random", "nsga2"])
 def test_one_seed_gives_the_same_distinct_candidates_twice(ray_cluster, tiny_inputs, tmp_path, kind):
     from evolution.scoring import genome_key
 
@@ -79,3 +81,16 @@ def test_one_seed_gives_the_same_distinct_candidates_twice(ray_cluster, tiny_inp
         for candidate in sorted(first, key=lambda c: c.generation):
             by_trial.setdefault(candidate.trial_id, []).append(candidate.genome)
         assert all(a != b for genomes in by_trial.values() for a, b in zip(genomes, genomes[1:]))
+
+
+@pytest.mark.parametrize("kind", ["pbt", "nsga2"])
+def test_the_operator_gene_is_searched_reproducibly(ray_cluster, tiny_inputs, tmp_path, kind):
+    from evolution.scoring import genome_key
+
+    operators = ["task_arithmetic", "ties", "tsv", "iso_c"]
+    space, first = search(tiny_inputs, tmp_path, f"ops-{kind}-a", kind, seed=11, operators=operators)
+    _, second = search(tiny_inputs, tmp_path, f"ops-{kind}-b", kind, seed=11, operators=operators)
+    assert len(first) == 3 * 3 and len({genome_key(space, c.genome) for c in first}) == len(first)
+    assert fingerprint(first) == fingerprint(second)
+    methods = [c.recipe["variant"] for c in first]
+    assert set(methods) <= set(operators) and len(set(methods)) > 1, methods  # the method is searched

@@ -15,8 +15,9 @@ from ray.tune.search import Searcher
 
 from evolution.config import SearchSettings
 from evolution.genome import Bounds, GenomeSpace
+from evolution.sampled import OrdinalLimiter
 from evolution.scoring import FitnessLedger, genome_key
-from evolution.search import FRESH_TRIES, GenomeExplorer, GenomePBT, OrdinalLimiter, build_tune_config
+from evolution.search import FRESH_TRIES, GenomeExplorer, GenomePBT, build_tune_config
 from evolution.trainable import CACHED_KEY, GENOME_KEY, LINEAGE_KEY
 
 SPACE = GenomeSpace(
@@ -161,7 +162,7 @@ def test_a_space_without_fresh_neighbours_falls_back_to_the_ledgers_fitness():
     scheduler._ledger.record(genome, "t0-g1", 0.25)
     child, known = scheduler._fresh(genome)
     assert genome_key(tight, child) == genome_key(tight, genome)
-    assert known == {"candidate_id": "t0-g1", "fitness": 0.25}
+    assert known == {"candidate_id": "t0-g1", "fitness": 0.25, "objectives": {}}
     assert FRESH_TRIES > 1
 
 
@@ -191,9 +192,11 @@ def test_cmaes_limiter_tells_a_repeated_suggestion_its_recorded_fitness():
     limiter = OrdinalLimiter(Repeating(), max_concurrent=2, batch=True, space=SPACE)
     first = limiter.suggest("a")
     assert CACHED_KEY not in first
-    limiter.on_trial_complete("a", {"candidate_id": "a-g001", "fitness": 0.3, "genome_json": json.dumps(genome)})
+    result = {"candidate_id": "a-g001", "fitness": 0.3, "objective_0": 0.5, "genome_json": json.dumps(genome)}
+    limiter.on_trial_complete("a", result)
     second = limiter.suggest("b")
-    assert second[CACHED_KEY] == {"candidate_id": "a-g001", "fitness": 0.3}
+    # the per-dataset objectives too: NSGA-II reads them from the repeat's result
+    assert second[CACHED_KEY] == {"candidate_id": "a-g001", "fitness": 0.3, "objectives": {"objective_0": 0.5}}
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from alloy.merge.recipe import validate_recipe
-from evolution.genome import FrankenGenome, GenomeSpace
+from evolution.genome import Bounds, FrankenGenome, GenomeSpace
 
 
 def ties_space(**overrides) -> GenomeSpace:
@@ -135,3 +135,56 @@ def test_every_shipped_evolution_config_is_a_valid_request_with_a_valid_genome(p
     )
     for genome in space.population(spec.search.population, seed=spec.search.seed, spread=spec.search.init_spread):
         validate_recipe(space.decode(genome))
+
+
+# ---- the operator (merge method) choice gene ----------------------------------------------------------------------
+OPERATORS = ["task_arithmetic", "ties", "tsv", "iso_c", "iso_cts"]
+
+
+def operator_space(**extra):
+    return GenomeSpace(
+        strategy="task_arithmetic",
+        models=["a", "b"],
+        base_model="base",
+        per_model={"weight": Bounds(low=0.0, high=1.5, init=1.0), "density": Bounds(low=0.2, high=1.0, init=0.8)},
+        global_parameters={"lambda": Bounds(low=0.1, high=1.5, init=1.0)},
+        operators=OPERATORS,
+        **extra,
+    )
+
+
+def test_the_operator_gene_decodes_to_the_method_its_family_and_only_its_parameters():
+    space = operator_space()
+    assert space.genes()[-1].name == "operator" and space.genes()[-1].choices == OPERATORS
+    decoded = {}
+    for index, method in enumerate(OPERATORS):
+        recipe = space.decode({**space.initial(), "operator": index + 0.25})
+        decoded[method] = recipe
+        assert recipe.variant == method
+    assert decoded["ties"].strategy == "ties" and decoded["ties"].models[0].parameters["density"] == 0.8
+    for method in ("tsv", "iso_c", "iso_cts"):  # the SVD operators have no density: left out of their recipes
+        assert decoded[method].strategy == "task_arithmetic" and "density" not in decoded[method].models[0].parameters
+        assert decoded[method].parameters["lambda"] == 1.0
+    assert space.operator_of(space.initial()) == "task_arithmetic"  # the first listed method is the init
+
+
+def test_a_parameter_no_operator_declares_is_refused():
+    with pytest.raises(ValueError, match="no operator"):
+        GenomeSpace(
+            strategy="task_arithmetic",
+            models=["a", "b"],
+            base_model="base",
+            global_parameters={"no_such_knob": Bounds(low=0.0, high=1.0)},
+            operators=["tsv", "iso_c"],
+        )
+
+
+def test_a_pbt_step_switches_methods_as_categories_and_keeps_them_at_their_centres():
+    space = operator_space()
+    rng = random.Random(3)
+    steps = [space.perturb(space.initial(), rng, sigma=0.5, resample_probability=0.0) for _ in range(200)]
+    values = {step["operator"] for step in steps}
+    assert values <= {i + 0.5 for i in range(len(OPERATORS))}
+    assert {space.operator_of(step) for step in steps} == set(OPERATORS)  # any other method, not only neighbours
+    still = [space.perturb(space.initial(), rng, sigma=0.0, resample_probability=0.0) for _ in range(20)]
+    assert {space.operator_of(step) for step in still} == {"task_arithmetic"}
