@@ -38,7 +38,7 @@ from serve_app.routing import dump as _dump
 from serve_app.routing import owner as _owner
 from serve_app.routing import page as _page
 from serve_app.routing import scope as _scope
-from serve_app.security import install_security
+from serve_app.security import install_security, is_job_route
 
 logger = logging.getLogger("alloy.api")
 
@@ -328,7 +328,6 @@ async def artifact_metadata(key: ArtifactKey, request: Request) -> s.ArtifactVie
 
 # --- the cluster-state gate ---------------------------------------------------------------------------------
 # Job creation: refused while the cluster drains or stops, when reads (progress polling) still work.
-SUBMISSION_PATHS = frozenset({"/merge/execute", "/evaluations", "/evolutions"})
 
 
 def cluster_gate(request: Request) -> None:
@@ -338,8 +337,7 @@ def cluster_gate(request: Request) -> None:
     gate = api_context(request).cluster_gate
     if gate is None:
         return
-    submission = request.method == "POST" and request.url.path.rstrip("/") in SUBMISSION_PATHS
-    gate.require(submission=submission)
+    gate.require(submission=is_job_route(request.method, request.url.path))
 
 
 # --- assembly -----------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -70,6 +71,16 @@ STATE_PRINCIPAL = "principal"
 DEFAULT_JOB_ROUTES: frozenset[tuple[str, str]] = frozenset(
     {("POST", "/merge/execute"), ("POST", "/evolutions"), ("POST", "/evaluations")}
 )
+# Job-sized work behind a path with an id: promoting a Pareto front member merges, registers and scores a model.
+JOB_ROUTE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (("POST", re.compile(r"/evolutions/[^/]+/promote")),)
+
+
+def is_job_route(method: str, path: str, exact: frozenset[tuple[str, str]] = DEFAULT_JOB_ROUTES) -> bool:
+    """Whether ``method path`` starts job-sized work: counted against the jobs bucket, refused while draining."""
+    path = path.rstrip("/") or "/"
+    return (method, path) in exact or any(m == method and p.fullmatch(path) for m, p in JOB_ROUTE_PATTERNS)
+
+
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 ADMIN_PREFIX = "/admin"
 
@@ -247,7 +258,7 @@ class SecurityMiddleware:
                     "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
                 )
             return admission
-        if (method, path) in self.job_routes:
+        if is_job_route(method, path, self.job_routes):
             decision = limiter.hit("jobs", principal.key_id, principal.limits.jobs or self.rate_settings.jobs)
         else:
             decision = limiter.hit("read", principal.key_id, principal.limits.read or self.rate_settings.read)
