@@ -14,6 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from alloy.errors import AlloyError, ErrorCode, from_validation_error
+from alloy.ids import ResourceId, ShortText
+from alloy.jobs.merge_request import SplitName
 from evolution.genome import Bounds, FrankenGenome
 
 # pbt: population-based training; cmaes: CMA-ES; random: uniform random search over the same genome and budget
@@ -26,9 +28,15 @@ class GenomeBounds(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    per_model: dict[str, Bounds] = Field(default_factory=dict, description="e.g. weight, density, drop_rate")
-    global_parameters: dict[str, Bounds] = Field(default_factory=dict, description="e.g. lambda, t")
-    fixed: dict[str, Any] = Field(default_factory=dict, description="copied into every recipe, e.g. normalize")
+    per_model: dict[ShortText, Bounds] = Field(
+        default_factory=dict, max_length=32, description="e.g. weight, density, drop_rate"
+    )
+    global_parameters: dict[ShortText, Bounds] = Field(
+        default_factory=dict, max_length=32, description="e.g. lambda, t"
+    )
+    fixed: dict[ShortText, Any] = Field(
+        default_factory=dict, max_length=32, description="copied into every recipe, e.g. normalize"
+    )
     layer_groups: int = Field(1, ge=1, le=64, description="> 1: one gene per layer group (a gradient list)")
     franken: FrankenGenome | None = None
     operators: list[str] | None = Field(
@@ -50,8 +58,12 @@ class SearchSettings(BaseModel):
         8, ge=2, le=256, description="PBT trials; CMA-ES / NSGA-II population; random: candidates per generation"
     )
     generations: int = Field(8, ge=1, le=1000, description="PBT training iterations; generations of the other kinds")
-    time_budget_s: float | None = Field(None, gt=0, description="stop the search after this many seconds")
-    target_fitness: float | None = Field(None, description="stop as soon as a candidate reaches it")
+    time_budget_s: float | None = Field(
+        None, gt=0, le=30 * 86400, description="stop the search after this many seconds"
+    )
+    target_fitness: float | None = Field(
+        None, allow_inf_nan=False, description="stop as soon as a candidate reaches it"
+    )
     quantile_fraction: float = Field(0.25, gt=0, le=0.5, description="PBT: bottom share replaced each generation")
     sigma: float = Field(0.1, gt=0, le=1, description="mutation step, as a fraction of each gene's range")
     resample_probability: float = Field(0.1, ge=0, le=1, description="PBT: chance a gene is redrawn uniformly")
@@ -63,13 +75,17 @@ class SearchSettings(BaseModel):
         description="start the population around the init genome (Gaussian, this fraction of each gene's range) "
         "instead of uniformly over the bounds; CMA-ES: its initial step size",
     )
-    dev_batch_size: int | None = Field(64, ge=1, description="examples per rotating dev batch; None: whole dev split")
+    dev_batch_size: int | None = Field(
+        64, ge=1, le=1_000_000, description="examples per rotating dev batch; None: whole dev split"
+    )
     finalists: int = Field(3, ge=1, le=32, description="best distinct genomes re-scored on the whole dev split")
     cpus_per_trial: float = Field(0.5, gt=0, le=64)
     gpus_per_trial: float = Field(0.0, ge=0, le=8)
-    max_concurrent_trials: int | None = Field(None, ge=1)
+    max_concurrent_trials: int | None = Field(None, ge=1, le=256)
     seed: int = Field(
         0,
+        ge=0,
+        le=2**63 - 1,
         description="one seed, one run: the initial population, PBT's donors and steps, CMA-ES "
         "and every trial's random generators are drawn from it",
     )
@@ -80,19 +96,21 @@ class EvolutionSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, max_length=200)
-    preset: str | None = Field(None, description="benchmark preset giving parents, base and datasets")
-    models: list[str] | None = Field(
+    name: ShortText | None = None
+    preset: ResourceId | None = Field(None, description="benchmark preset giving parents, base and datasets")
+    models: list[ResourceId] | None = Field(
         None, min_length=1, max_length=8, description="parents; default: the preset's fine-tunes"
     )
-    base_model: str | None = None
-    datasets: list[str] | None = Field(None, min_length=1, description="fitness datasets; default: the preset's")
-    dev_split: str = "dev"
-    test_split: str = "test"
-    strategy: str = "task_arithmetic"
+    base_model: ResourceId | None = None
+    datasets: list[ResourceId] | None = Field(
+        None, min_length=1, max_length=32, description="fitness datasets; default: the preset's"
+    )
+    dev_split: SplitName = "dev"
+    test_split: SplitName = "test"
+    strategy: ShortText = "task_arithmetic"  # one of the five, checked with INVALID_STRATEGY as a merge is
     genome: GenomeBounds
     search: SearchSettings = SearchSettings()
-    output_model_id: str | None = Field(None, min_length=1, max_length=128)
+    output_model_id: ResourceId | None = None
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
 
     @model_validator(mode="after")

@@ -36,9 +36,9 @@ class Bounds(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    low: float
-    high: float
-    init: float | None = None
+    low: float = Field(allow_inf_nan=False)
+    high: float = Field(allow_inf_nan=False)
+    init: float | None = Field(None, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,57 @@
+"""Every field of an evolution request is bounded before anything runs: ids, splits, names, numbers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from alloy.errors import AlloyError, ErrorCode
+from evolution.config import parse_spec
+
+VALID = {
+    "models": ["ft-a", "ft-b"],
+    "base_model": "base",
+    "datasets": ["dev-set"],
+    "genome": {"per_model": {"weight": {"low": 0.0, "high": 1.0}}},
+    "search": {"kind": "random", "population": 2, "generations": 1, "seed": 3},
+}
+
+
+def with_change(path: str, value):
+    data = copy.deepcopy(VALID)
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return data
+
+
+def test_the_valid_request_parses():
+    assert parse_spec(VALID).search.seed == 3
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("models", ["ft-a", "ft\x00b"]),  # NUL in an id
+        ("base_model", "../escape"),
+        ("datasets", ["d"] * 33),
+        ("dev_split", "dev\nsplit"),
+        ("output_model_id", "x" * 500),
+        ("name", "run\x07"),
+        ("strategy", "t" * 1000),
+        ("genome.per_model", {"weight": {"low": 0.0, "high": float("nan")}}),
+        ("genome.per_model", {f"p{i}": {"low": 0.0, "high": 1.0} for i in range(33)}),
+        ("search.seed", 2**64),
+        ("search.seed", -1),
+        ("search.target_fitness", float("inf")),
+        ("search.dev_batch_size", 10**9),
+        ("search.max_concurrent_trials", 10**6),
+    ],
+)
+def test_out_of_bounds_fields_are_validation_failed(path, value):
+    with pytest.raises(AlloyError) as raised:
+        parse_spec(with_change(path, value))
+    assert raised.value.code == ErrorCode.VALIDATION_FAILED
