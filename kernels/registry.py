@@ -109,6 +109,7 @@ def _gta(
         random=sparsifier in ("random", "della_magprune"),
         family=family,
         reference=reference,
+        computes_in_dtype=True,
     )
 
 

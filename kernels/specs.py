@@ -100,6 +100,10 @@ class MethodSpec:
     min_non_base: int | None = None
     max_non_base: int | None = None
     reference: str = ""
+    # mergekit computes the method in the recipe's dtype, op for op, and the kernel can too: it takes ``dtype``
+    # (bfloat16, float16) and returns a tensor of it. Otherwise the kernel computes in float32 from inputs rounded
+    # to that dtype, and its result is rounded to it.
+    computes_in_dtype: bool = False
     param_index: dict[str, ParamSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -109,6 +109,9 @@ class MergeRecipe(BaseModel):
     # The original mergekit YAML, kept for the merged folder; set only for recipes read from mergekit format, whose
     # parameter names and defaults are mergekit's (no Alloy spellings, no Alloy defaults).
     mergekit_config: str | None = None
+    # Field paths of parameters mergekit accepts but the method does not read, dropped by the validation as
+    # mergekit ignores them (see :func:`alloy.merge.recipe_checks.unread_parameter`); reported as warnings.
+    ignored: list[str] = Field(default_factory=list)
 
     @field_validator("slices", mode="before")
     @classmethod
