@@ -19,6 +19,8 @@ class Case:
     refused: str | None = None  # the key Alloy refuses, named in details.field
     ignored: tuple[str, ...] = ()  # keys mergekit accepts and the method never reads: Alloy merges and warns
     known_difference: str | None = None  # why the tensors are expected to differ (reported, not hidden)
+    trimmed: tuple[str, ...] = ()  # models a TIES-style top-k trims at ``density``: ties at its threshold may differ
+    density: float = 1.0
 
     def text(self, models: dict[str, Path]) -> str:
         return self.recipe.format(**{k: str(v) for k, v in models.items()})
@@ -43,7 +45,9 @@ def _basic(arch: str, prefix: str) -> tuple[Case, ...]:
         Case(f"{prefix}slerp", arch, _two("slerp", "a", "t: 0.35"), origin=BASIC, ignored=WEIGHTS_IGNORED),
         Case(f"{prefix}task-arithmetic", arch, _two("task_arithmetic", "base"), origin=BASIC),
         Case(f"{prefix}breadcrumbs", arch, _two("breadcrumbs", "base"), origin=BASIC),
-        Case(f"{prefix}ties", arch, _two("ties", "base", "density: 0.3"), origin=BASIC),
+        Case(
+            f"{prefix}ties", arch, _two("ties", "base", "density: 0.3"), origin=BASIC, trimmed=("a", "b"), density=0.3
+        ),
         Case(f"{prefix}model-stock", arch, _two("model_stock", "base"), origin=BASIC, ignored=WEIGHTS_IGNORED),
         Case(
             f"{prefix}model-stock-filterwise",
@@ -187,6 +191,8 @@ EXAMPLES = (  # mergekit's examples/*.yml, float16 as there; their models become
         "    parameters: {{density: 0.5, weight: 0.5}}\n  - model: {b}\n    parameters: {{density: 0.5, weight: 0.5}}\n"
         "parameters: {{normalize: false, int8_mask: true}}\ndtype: float16\n",
         origin="examples/bio-merge.yml",
+        trimmed=("a", "b"),
+        density=0.5,
     ),
     Case(
         "example-arcee-fusion",

@@ -20,9 +20,7 @@ from kernels.params import is_filter_list, scalar_points
 from kernels.registry import ALLOY_ONLY_METHODS, METHODS
 
 # Every parameter name some mergekit 0.1.5 method declares: what mergekit "knows" (and ignores elsewhere).
-MERGEKIT_PARAMETERS = frozenset(
-    p.name for m in METHODS.values() if m.name not in ALLOY_ONLY_METHODS for p in m.params
-)
+MERGEKIT_PARAMETERS = frozenset(p.name for m in METHODS.values() if m.name not in ALLOY_ONLY_METHODS for p in m.params)
 
 # Alloy's documented defaults where mergekit's differ (or mergekit has none): applied to Alloy-native recipes only.
 # By family; only to parameters the method declares (nearswap's t, a threshold in another family, gets none).
