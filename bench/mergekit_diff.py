@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from bench.mergekit_recipes import CASES, Case  # noqa: F401 (re-exported for the conformance tests)
+from bench.mergekit_recipes import CASES, Case
 from bench.pico_models import build_pico, model_class, pico_family  # noqa: F401
 
 DEFAULT_MERGEKIT_PYTHON = "/work/mkvenv/bin/python"
@@ -48,6 +48,16 @@ def mergekit_python() -> Path | None:
 
 
 # --- running ----------------------------------------------------------------------------------------------------
+
+
+def trimmed_inputs(case: Case, models: dict[str, Path]) -> tuple[list[Path], Any, str] | None:
+    """What :func:`compare` needs to tell top-k threshold ties: the trimmed models, their density (a per-tensor
+    plan of them when the recipe has a density gradient or filter: ``density: None`` in the case)."""
+    if not case.trimmed:
+        return None
+    trimmed = [models[m] for m in case.trimmed]
+    density = case.density if case.density is not None else planned_densities(case.text(models), trimmed)
+    return trimmed, density, case.selection
 
 
 def run_measured(command: list[str], cwd: Path | None = None) -> tuple[float, int, str]:
@@ -136,7 +146,7 @@ def compare(
     *,
     random: bool,
     base_dir: Path | None,
-    trimmed: tuple[list[Path], float] | None = None,
+    trimmed: tuple[list[Path], float, str] | None = None,
 ) -> dict[str, Any]:
     """Per-tensor comparison; for random recipes, the kept fraction and L1 norm of ``merged - base`` too.
     In a bfloat16 / float16 output, each differing element is explained or not: ``ulp`` when the two values are
@@ -170,7 +180,11 @@ def compare(
         report["elements"] += diff.numel()
         if a.dtype in HALF_MANTISSA and a.dtype == b.dtype and bool(differs.any()):
             ulp = differs & (diff <= rounding_step(a, b) + DETERMINISTIC_ATOL)
-            tie = differs & ~ulp & at_threshold(name, a.dtype, inputs, trimmed[1]) if trimmed else differs & False
+            tie = (
+                differs & ~ulp & at_threshold(name, a.dtype, inputs, trimmed[1], trimmed[2])
+                if trimmed
+                else differs & False
+            )
             report["ulp"] += int(ulp.sum())
             report["ties"] += int(tie.sum())
             report["unexplained"] += int((differs & ~ulp & ~tie).sum())
@@ -205,16 +219,49 @@ def rounding_step(a: Any, b: Any) -> Any:
     return torch.exp2(torch.floor(torch.log2(larger)) - HALF_MANTISSA[a.dtype])
 
 
-def at_threshold(name: str, dtype: Any, inputs: Any, density: float) -> Any:
-    """Where some trimmed model's task vector (in ``dtype``, as both tools compute it) has exactly the magnitude of
-    its ``k = max(1, int(density * n))``-th largest entry."""
+def planned_densities(recipe_text: str, trimmed: list[Path]) -> dict[str, list[float]]:
+    """Per output tensor, the density each of the ``trimmed`` models gets (gradients and filters resolved by
+    Alloy's plan, for a ``models:`` recipe whose tensors keep their names)."""
+    from alloy.merge.mergekit import load_recipe_yaml
+    from alloy.merge.plan import build_plan, layout_from_manifest
+    from alloy.merge.recipe import validate_recipe
+    from alloy.merge.tensor_merge import resolve_task_parameters
+    from alloy.model_manifest import read_manifest
+
+    recipe = validate_recipe(load_recipe_yaml(recipe_text))
+    plan = build_plan(recipe, {m: layout_from_manifest(read_manifest(m)) for m in recipe.model_ids})
+    wanted = [str(path) for path in trimmed]
+    densities = {}
+    for task in plan.tasks:
+        _, per_input = resolve_task_parameters(plan, task)
+        by_model = {model: params.get("density", 1.0) for (model, _), params in zip(task.sources, per_input)}
+        densities[task.output_name] = [float(by_model[m]) for m in wanted]
+    return densities
+
+
+def at_threshold(name: str, dtype: Any, inputs: Any, density: Any, kind: str = "magnitude") -> Any:
+    """Where a top-k selection both tools make has a tie at its threshold: ``magnitude``, some trimmed model's task
+    vector (``density`` one for all, or per tensor name one per model) (in ``dtype``, as both tools compute it) has exactly the magnitude of its
+    ``k = max(1, int(density * n))``-th largest entry; ``variance`` (SCE), the variance of the task vectors across
+    the models equals the ``int(nonzero * density)``-th largest variance (the whole tensor, see below)."""
     models, base = inputs
+    vectors = [model[name].to(dtype) - base[name].to(dtype) for model in models]
+    if kind == "variance":
+        variance = torch.var(torch.stack(vectors), dim=0, unbiased=False).float()
+        k = int(int(torch.count_nonzero(variance)) * density)
+        if k == 0:
+            return torch.zeros_like(variance, dtype=torch.bool)
+        threshold = variance.reshape(-1).topk(k).values[-1]
+        # which of the tied entries are selected also changes SCE's weights, means over the whole tensor: a tie that
+        # straddles the cut explains a difference anywhere in the tensor
+        straddles = int((variance > threshold).sum()) < k < int((variance >= threshold).sum())
+        return torch.ones_like(variance, dtype=torch.bool) if straddles else variance == threshold
     found = torch.zeros(base[name].shape, dtype=torch.bool)
-    for model in models:
-        magnitude = (model[name].to(dtype) - base[name].to(dtype)).abs().float()
-        k = max(1, int(density * magnitude.numel()))
-        threshold = magnitude.reshape(-1).topk(k).values[-1]
-        found |= magnitude == threshold
+    for index, vector in enumerate(vectors):
+        magnitude = vector.abs().float()
+        fraction = density if isinstance(density, float) else density[name][index]
+        k = max(1, int(fraction * magnitude.numel()))
+        found |= magnitude == magnitude.reshape(-1).topk(k).values[-1]
     return found
 
 
@@ -229,11 +276,16 @@ def verdict(report: dict[str, Any], random: bool) -> bool:
 # --- the benchmark ----------------------------------------------------------------------------------------------
 
 
+def verdict_label(ok: bool, case: Case) -> str:
+    return "yes" if ok else ("known" if case.known_difference else "NO")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=Path("/tmp/alloy-mergekit-diff"))
     parser.add_argument("--only", default="", help="comma-separated case names")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     python = mergekit_python()
     if python is None:
         sys.exit("mergekit is not installed (set ALLOY_MERGEKIT_PYTHON to a python with mergekit 0.1.5)")
@@ -271,7 +323,7 @@ def main() -> None:
             print(f"{case.name:30} {case.origin:22} FAILED: {str(exc).splitlines()[-1][:80]}")
             continue
         warned = all(f"Warning: {field}:" in al_output for field in case.ignored)
-        trimmed = ([models[m] for m in case.trimmed], case.density) if case.trimmed else None
+        trimmed = trimmed_inputs(case, models)
         report = compare(
             work / "alloy", work / "mergekit", random=case.random, base_dir=models["base"], trimmed=trimmed
         )
@@ -281,7 +333,7 @@ def main() -> None:
             f"{case.name:30} {case.origin:22} {'equal' if report['same_tensors'] else 'DIFFER':8} {layers:7} "
             f"{report['max_abs_diff']:>10.2e} {report['elements_differing']:>6}/{report['elements']:<7} "
             f"{report['ulp']:>5} {report['ties']:>5} "
-            f"{stats:>13} {al_wall / mk_wall:>7.2f} {al_rss / mk_rss:>6.2f} {'yes' if report['ok'] and warned else 'NO'}"
+            f"{stats:>13} {al_wall / mk_wall:>7.2f} {al_rss / mk_rss:>6.2f} {verdict_label(report['ok'] and warned, case)}"
             + (f"  (warns: {', '.join(case.ignored)})" if case.ignored and warned else "")
         )
         (work / "report.json").write_text(json.dumps(report, indent=2, default=str))

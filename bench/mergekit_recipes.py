@@ -20,7 +20,8 @@ class Case:
     ignored: tuple[str, ...] = ()  # keys mergekit accepts and the method never reads: Alloy merges and warns
     known_difference: str | None = None  # why the tensors are expected to differ (reported, not hidden)
     trimmed: tuple[str, ...] = ()  # models a TIES-style top-k trims at ``density``: ties at its threshold may differ
-    density: float = 1.0
+    density: float | None = 1.0  # None: per tensor, as the recipe's gradients and filters give it
+    selection: str = "magnitude"  # or "variance" (SCE's top-k)
 
     def text(self, models: dict[str, Path]) -> str:
         return self.recipe.format(**{k: str(v) for k, v in models.items()})
@@ -29,6 +30,12 @@ class Case:
 BASIC = "test_basic_merges"
 TWO = "models:\n  - model: {a}\n    parameters: {{weight: 0.6}}\n  - model: {b}\n    parameters: {{weight: 0.4}}\n"
 WEIGHTS_IGNORED = ("models.0.parameters.weight", "models.1.parameters.weight")
+# mergekit's arcee_fusion and ramplus_tl multiply by a float32 mask / scale, which promotes their result: for
+# ``dtype: bfloat16`` it writes float32 tensors (its config.json still says bfloat16). Alloy writes the recipe's dtype.
+FLOAT32_RESULT = (
+    "mergekit promotes this method's result to float32 (a float32 mask or scale) and writes float32 tensors for "
+    "dtype: bfloat16; Alloy computes in float32 and writes the recipe's dtype"
+)
 
 
 def _two(method: str, base: str | None, params: str = "", models: str = TWO, dtype: str = "bfloat16") -> str:
@@ -119,11 +126,34 @@ BASIC_ONLY = (
         "      scale: [{{filter: o_proj, value: 0}}, {{value: 1}}]\n",
         origin=BASIC,
     ),
-    Case("basic-sce", "llama", _two("sce", "base", "select_topk: 0.5"), origin=BASIC, ignored=WEIGHTS_IGNORED),
+    Case(
+        "basic-sce",
+        "llama",
+        _two("sce", "base", "select_topk: 0.5"),
+        origin=BASIC,
+        ignored=WEIGHTS_IGNORED,
+        trimmed=("a", "b"),
+        density=0.5,
+        selection="variance",
+    ),
     Case("basic-ram", "llama", _two("ram", "base"), origin=BASIC, ignored=WEIGHTS_IGNORED),
-    Case("basic-ramplus-tl", "llama", _two("ramplus_tl", "base", "r: 0.05, alpha: 1.0"), origin=BASIC),
+    Case(
+        "basic-ramplus-tl",
+        "llama",
+        _two("ramplus_tl", "base", "r: 0.05, alpha: 1.0"),
+        origin=BASIC,
+        ignored=WEIGHTS_IGNORED,
+        known_difference=FLOAT32_RESULT,
+    ),
     Case("basic-multislerp", "llama", _two("multislerp", "base"), origin=BASIC),
-    Case("basic-arcee-fusion", "llama", _two("arcee_fusion", "a"), origin=BASIC, ignored=WEIGHTS_IGNORED),
+    Case(
+        "basic-arcee-fusion",
+        "llama",
+        _two("arcee_fusion", "a"),
+        origin=BASIC,
+        ignored=WEIGHTS_IGNORED,
+        known_difference=FLOAT32_RESULT,
+    ),
     Case("basic-nearswap", "llama", _two("nearswap", "a", "t: 0.0001"), origin=BASIC, ignored=WEIGHTS_IGNORED),
     Case(
         "basic-della",
@@ -139,7 +169,13 @@ BASIC_ONLY = (
         origin=BASIC,
         refused="parameters.epsilon",
     ),
-    Case("basic-karcher", "llama", _two("karcher", "base", "max_iter: 5, tol: 1.0e-5"), origin=BASIC),
+    Case(
+        "basic-karcher",
+        "llama",
+        _two("karcher", "base", "max_iter: 5, tol: 1.0e-5"),
+        origin=BASIC,
+        ignored=WEIGHTS_IGNORED,
+    ),
     Case(
         "basic-ties-fp32",  # the same recipe computed in float32: no rounding between the steps
         "llama",
@@ -167,6 +203,8 @@ EXAMPLES = (  # mergekit's examples/*.yml, float16 as there; their models become
         "      density: 0.33\n      weight:\n        - filter: mlp\n          value: 0.5\n        - value: 0\n"
         "parameters:\n  normalize: true\n  int8_mask: true\ndtype: float16\n",
         origin="examples/ties.yml",
+        trimmed=("a", "b", "c"),
+        density=None,
     ),
     Case(
         "example-linear",
@@ -199,6 +237,7 @@ EXAMPLES = (  # mergekit's examples/*.yml, float16 as there; their models become
         "llama",
         "merge_method: arcee_fusion\nbase_model: {a}\nmodels: [{{model: {a}}}, {{model: {b}}}]\ndtype: bfloat16\n",
         origin="examples/arcee_fusion.yml",
+        known_difference=FLOAT32_RESULT,
     ),
 )
 

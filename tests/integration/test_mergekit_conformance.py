@@ -25,6 +25,7 @@ from bench.mergekit_diff import (
     model_class,
     pico_family,
     run_mergekit_batch,
+    trimmed_inputs,
 )
 
 torch.set_num_threads(1)
@@ -129,9 +130,12 @@ def test_alloy_gives_mergekits_tensors(alloy_outputs, mergekit_outputs, families
         mergekit_outputs[name].parent / "mergekit-failures.log"
     ).read_text()[-3000:]
     models = families[case.arch]
-    trimmed = ([models[m] for m in case.trimmed], case.density) if case.trimmed else None
     report = compare(
-        alloy_outputs[name], mergekit_outputs[name], random=case.random, base_dir=models["base"], trimmed=trimmed
+        alloy_outputs[name],
+        mergekit_outputs[name],
+        random=case.random,
+        base_dir=models["base"],
+        trimmed=trimmed_inputs(case, models),
     )
     assert report["same_tensors"], (report["only_alloy"], report["only_mergekit"])
     assert report["layers"][0] == report["layers"][1]

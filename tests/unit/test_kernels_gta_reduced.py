@@ -86,7 +86,7 @@ def test_reduced_path_does_not_modify_its_inputs_and_refuses_float32():
 def test_the_methods_mergekit_computes_in_the_recipes_dtype_declare_it():
     native = {name for name, spec in METHODS.items() if spec.computes_in_dtype}
     gta = {"task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties", "della"}
-    others = {"nuslerp", "multislerp", "model_stock", "nearswap", "ram"}
+    others = {"nuslerp", "multislerp", "model_stock", "nearswap", "ram", "sce", "karcher"}
     assert gta | {"della_linear"} | others == native
 
 
