@@ -119,3 +119,46 @@ def test_without_dtype_a_mergekit_recipe_computes_in_its_inputs_dtype_an_alloy_r
         update={"models": [ModelRef(model="base"), ModelRef(model="a", parameters={"weight": 0.6})]}
     )
     assert merge_state_dicts(native, state)[NAME].item() == 1.796875
+
+
+# --- every method that computes in the recipe's dtype ------------------------------------------------------------
+
+
+def _family(dtype, count=3):
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 5, generator=g)
+    return [base] + [base + 0.1 * torch.randn(6, 5, generator=g) for _ in range(count - 1)]
+
+
+def _contract_call(spec, tensors, **options):
+    base_index = None if spec.base == "ignored" else 0
+    shared = {p.name: p.default for p in spec.params if p.scope == "global"}
+    if "t" in shared:
+        shared["t"] = 0.3
+    per_input = [
+        {p.name: 0.5 if p.name in ("weight", "density") else p.default for p in spec.params if p.scope != "global"}
+        for _ in tensors
+    ]
+    return spec.kernel(tensors, base_index, shared, per_input, torch.Generator().manual_seed(1), **options)
+
+
+@pytest.mark.parametrize("method", sorted(n for n, s in METHODS.items() if s.computes_in_dtype))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_dtype_kernel_returns_that_dtype_and_leaves_its_inputs(method, dtype):
+    spec = get_method(method)
+    count = 3 if spec.max_models != 2 else 2
+    tensors = [t.to(dtype) for t in _family(dtype, count)]
+    copies = [t.clone() for t in tensors]
+    out = _contract_call(spec, tensors, dtype=dtype)
+    assert out.dtype == dtype and out.shape == tensors[0].shape and torch.isfinite(out).all()
+    assert all(torch.equal(t, c) for t, c in zip(tensors, copies))
+
+
+def test_nearswap_in_bfloat16_rounds_each_step():
+    # |a - b| = 0.5, t = 0.1: weight = bf16(0.1 / 0.5) = bf16(0.2) = 0.2001953125; the result rounds
+    # w * b + (1 - w) * a with b = 1.5, a = 1: bf16(0.30029296875) + bf16(0.7998046875) = 0.30078125 + 0.80078125
+    base, other = torch.tensor([1.0], dtype=torch.bfloat16), torch.tensor([1.5], dtype=torch.bfloat16)
+    out = get_method("nearswap").kernel([base, other], 0, {"t": 0.1}, [{}, {}], None, dtype=torch.bfloat16)
+    weight = torch.tensor(0.2, dtype=torch.bfloat16).float()
+    expected = (weight * 1.5).bfloat16().float() + (1 - weight).bfloat16().float()
+    assert out.dtype == torch.bfloat16 and out.float().item() == expected.bfloat16().item()
