@@ -30,9 +30,7 @@ class Case:
 BASIC = "test_basic_merges"
 TWO = "models:\n  - model: {a}\n    parameters: {{weight: 0.6}}\n  - model: {b}\n    parameters: {{weight: 0.4}}\n"
 WEIGHTS_IGNORED = ("models.0.parameters.weight", "models.1.parameters.weight")
-# mergekit's arcee_fusion and ramplus_tl multiply by a float32 mask / scale, which promotes their result: for
-# ``dtype: bfloat16`` it writes float32 tensors (its config.json still says bfloat16). Alloy writes the recipe's dtype.
-FLOAT32_RESULT = (
+FLOAT32_RESULT = (  # mergekit's config.json still says bfloat16
     "mergekit promotes this method's result to float32 (a float32 mask or scale) and writes float32 tensors for "
     "dtype: bfloat16; Alloy computes in float32 and writes the recipe's dtype"
 )

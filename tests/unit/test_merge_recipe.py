@@ -10,7 +10,6 @@ from alloy.errors import AlloyError, ErrorCode
 from alloy.merge.mergekit import load_recipe_yaml
 from alloy.merge.plan import TensorMeta, build_plan, output_config
 from alloy.merge.recipe import MergeRecipe, ModelRef, validate_recipe
-from alloy.merge.recipe_checks import ignored_warnings
 from alloy.merge.tensor_merge import resolve_task_parameters
 
 
@@ -319,34 +318,6 @@ parameters: {scale: 3.0}
     assert scale("model.layers.0.mlp.up_proj.weight") == 0.5
     assert scale("model.layers.1.mlp.up_proj.weight") == 2.0
     assert scale("model.layers.1.self_attn.q_proj.weight") == 3.0
-
-
-def test_mergekit_ties_epsilon_is_ignored_as_mergekit_does_and_named_in_a_warning():
-    # epsilon is a parameter mergekit knows (della reads it) and ties does not read: mergekit merges without it
-    loaded = validate_recipe(
-        load_recipe_yaml(
-            "merge_method: ties\nbase_model: b\nmodels: [{model: b}, {model: a, parameters: {weight: 1, "
-            "density: 0.5}}]\nparameters: {epsilon: 0.1}\n"
-        )
-    )
-    assert loaded.ignored == ["parameters.epsilon"] and "epsilon" not in loaded.parameters
-    assert ignored_warnings(loaded) == ["parameters.epsilon: not read by ties; ignored, as mergekit ignores it"]
-
-
-@pytest.mark.parametrize(
-    "level",
-    ["parameters: {{{key}: 0.1}}\n", "models: [{{model: b}}, {{model: a, parameters: {{weight: 1, {key}: 0.1}}}}]\n"],
-)
-def test_a_parameter_name_mergekit_does_not_know_is_refused_by_name(level):
-    models = "models: [{model: b}, {model: a, parameters: {weight: 1}}]\n" if level.startswith("parameters") else ""
-    error = refusal("merge_method: ties\nbase_model: b\n" + models + level.format(key="epsilom"))
-    assert error.code is ErrorCode.VALIDATION_FAILED and error.details["field"].endswith(".epsilom")
-
-
-def test_an_alloy_recipe_never_ignores_a_parameter():
-    with pytest.raises(AlloyError) as info:
-        validate_recipe(recipe("slerp", parameters={"t": 0.5, "weight": 0.4}))
-    assert info.value.code is ErrorCode.VALIDATION_FAILED and info.value.details["field"] == "parameters.weight"
 
 
 def test_mergekit_keeps_mergekit_defaults_and_requires_weight():
