@@ -129,17 +129,19 @@ def from_mergekit(data: dict[str, Any], text: str | None = None) -> MergeRecipe:
                     params[key] = _coerce(value, types[key])
     compute = _dtype(data.get("dtype"), "dtype")
     try:
-        return MergeRecipe(
-            strategy=method.family,
-            variant=method.name,
-            models=models,
-            base_model=_model_name(data["base_model"], "base_model") if data.get("base_model") else None,
-            parameters=_params(data.get("parameters"), "parameters"),
-            slices=slices,
-            dtype=_dtype(data.get("out_dtype"), "out_dtype") or compute,
-            compute_dtype=compute,
-            tokenizer=settings_from_mergekit(data),
-            mergekit_config=text if text is not None else yaml.safe_dump(data, sort_keys=False),
+        return MergeRecipe.model_validate(  # plain dicts and dtype names, validated by the model
+            {
+                "strategy": method.family,
+                "variant": method.name,
+                "models": models,
+                "base_model": _model_name(data["base_model"], "base_model") if data.get("base_model") else None,
+                "parameters": _params(data.get("parameters"), "parameters"),
+                "slices": slices,
+                "dtype": _dtype(data.get("out_dtype"), "out_dtype") or compute,
+                "compute_dtype": compute,
+                "tokenizer": settings_from_mergekit(data),
+                "mergekit_config": text if text is not None else yaml.safe_dump(data, sort_keys=False),
+            }
         )
     except ValueError as exc:
         raise recipe_validation_error(exc) from None
@@ -189,7 +191,7 @@ def _slice_entry(entry: Any, field: str) -> dict[str, Any]:
     sources = entry.get("sources")
     if not isinstance(sources, list) or not sources:
         raise _refuse(f"{field}.sources", "a slice needs a list of sources")
-    out = {"sources": [], "parameters": _params(entry.get("parameters"), f"{field}.parameters")}
+    out: dict[str, Any] = {"sources": [], "parameters": _params(entry.get("parameters"), f"{field}.parameters")}
     if entry.get("base_model"):
         out["base_model"] = _model_name(entry["base_model"], f"{field}.base_model")
     for j, source in enumerate(sources):

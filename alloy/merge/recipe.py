@@ -204,15 +204,17 @@ class MergeRecipe(BaseModel):
                 {"field": "model_parameters", "models": stray},
             )
         try:
-            return cls(
-                strategy=strategy,
-                variant=variant,
-                models=[ModelRef(model=m, parameters=model_parameters.get(m, {})) for m in models],
-                base_model=base_model,
-                parameters=parameters or {},
-                slices=slices or None,
-                dtype=dtype,
-                seed=0 if seed is None else seed,
+            return cls.model_validate(  # slices as plain dicts and the dtype's name, validated by the model
+                {
+                    "strategy": strategy,
+                    "variant": variant,
+                    "models": [ModelRef(model=m, parameters=model_parameters.get(m, {})) for m in models],
+                    "base_model": base_model,
+                    "parameters": parameters or {},
+                    "slices": slices or None,
+                    "dtype": dtype,
+                    "seed": 0 if seed is None else seed,
+                }
             )
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise recipe_validation_error(exc) from None
