@@ -17,7 +17,7 @@ from kernels.params import is_filter_list, is_gradient, is_scalar, scalar_points
 # (mergekit's NON_BASE); "input": one value per
 # input model, the base included (mergekit's INPUT: linear's weight, passthrough's scale).
 Scope = Literal["global", "per_model", "input"]
-Kernel = Callable[..., Any]  # (tensors, base_index, global_params, model_params, generator, owned) -> float32 tensor
+Kernel = Callable[..., Any]  # (tensors, base_index, global_params, model_params, generator, owned[, dtype]) -> tensor
 
 
 @dataclass(frozen=True)

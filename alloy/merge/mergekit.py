@@ -1,9 +1,10 @@
 """Recipe files: Alloy's own YAML and mergekit's (``mergekit-yaml recipe.yml out/``), detected automatically.
 
 A mergekit file has ``merge_method``; an Alloy file has ``strategy``. A mergekit recipe keeps mergekit's method
-name (``variant``), parameter names, defaults and precedence: :mod:`alloy.merge.recipe_checks` refuses any parameter
-its method does not declare. Every key of the file is either honoured as mergekit honours it or refused with
-VALIDATION_FAILED naming it (``details.field``): Alloy never drops a key silently, even where mergekit would.
+name (``variant``), parameter names, defaults and precedence. Every key of the file is either honoured as mergekit
+honours it or refused with VALIDATION_FAILED naming it (``details.field``). A parameter the method does not read is
+ignored as mergekit ignores it when mergekit knows the name, never silently: the merge result names it in a
+warning (:func:`alloy.merge.recipe_checks.unread_parameter`); an unknown name is refused.
 
 =====================  ============================================================================
 mergekit key           Alloy
@@ -12,7 +13,7 @@ merge_method           ``variant`` (looked up in the kernels' methods; unknown: 
 base_model             ``base_model`` (methods that need a base refuse a recipe without one)
 models / slices        ``models`` / output ``slices`` (several slices, each with sources and parameters)
 parameters             global parameters (slice source > output slice > model > global)
-dtype                  ``compute_dtype``; also the output dtype unless ``out_dtype`` is set
+dtype                  ``compute_dtype`` (the maths in it, as mergekit); also the output dtype unless ``out_dtype``
 out_dtype              ``dtype`` (the output dtype)
 tokenizer_source,      the output vocabulary, embedding rows aligned to it, the chat template
 tokenizer, chat_template  (:mod:`alloy.merge.tokenizer_config`; mergekit's alpaca/exaone templates refused)
