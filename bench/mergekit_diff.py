@@ -50,14 +50,18 @@ def mergekit_python() -> Path | None:
 # --- running ----------------------------------------------------------------------------------------------------
 
 
-def trimmed_inputs(case: Case, models: dict[str, Path]) -> tuple[list[Path], Any, str] | None:
+def trimmed_inputs(case: Case, models: dict[str, Path]) -> tuple[list[Path], Any, str, Any] | None:
     """What :func:`compare` needs to tell top-k threshold ties: the trimmed models, their density (a per-tensor
-    plan of them when the recipe has a density gradient or filter: ``density: None`` in the case)."""
+    plan of them when the recipe has a density gradient or filter: ``density: None`` in the case), the selection
+    and the dtype the recipe computes in."""
     if not case.trimmed:
         return None
+    from alloy.merge.mergekit import load_recipe_yaml
+
     trimmed = [models[m] for m in case.trimmed]
     density = case.density if case.density is not None else planned_densities(case.text(models), trimmed)
-    return trimmed, density, case.selection
+    compute = getattr(torch, load_recipe_yaml(case.text(models)).compute_dtype or "float32")
+    return trimmed, density, case.selection, compute
 
 
 def run_measured(command: list[str], cwd: Path | None = None) -> tuple[float, int, str]:
@@ -146,11 +150,11 @@ def compare(
     *,
     random: bool,
     base_dir: Path | None,
-    trimmed: tuple[list[Path], float, str] | None = None,
+    trimmed: tuple[list[Path], Any, str, Any] | None = None,
 ) -> dict[str, Any]:
     """Per-tensor comparison; for random recipes, the kept fraction and L1 norm of ``merged - base`` too.
-    In a bfloat16 / float16 output, each differing element is explained or not: ``ulp`` when the two values are
-    at most one rounding step (+1e-6) apart (float32 results a hair apart that round different ways), ``ties`` when ``trimmed``
+    Each differing element is explained or not: within 1e-6, or in a bfloat16 / float16 output, ``ulp`` when the
+    two values are at most one rounding step (+1e-6) apart (float32 results a hair apart that round different ways), ``ties`` when ``trimmed``
     (the folders of the models a TIES-style top-k trimmed at one density) has a model whose task vector is there
     exactly at its top-k threshold (mergekit's argsort picks among equal magnitudes unstably, Alloy by position)."""
     ours, theirs = load_folder(alloy_dir), load_folder(mergekit_dir)
@@ -178,18 +182,16 @@ def compare(
         differs = diff > 0
         report["elements_differing"] += int(differs.sum())
         report["elements"] += diff.numel()
-        if a.dtype in HALF_MANTISSA and a.dtype == b.dtype and bool(differs.any()):
-            ulp = differs & (diff <= rounding_step(a, b) + DETERMINISTIC_ATOL)
-            tie = (
-                differs & ~ulp & at_threshold(name, a.dtype, inputs, trimmed[1], trimmed[2])
-                if trimmed
-                else differs & False
-            )
-            report["ulp"] += int(ulp.sum())
-            report["ties"] += int(tie.sum())
-            report["unexplained"] += int((differs & ~ulp & ~tie).sum())
-        else:
-            report["unexplained"] += int((diff > DETERMINISTIC_ATOL).sum())
+        if not bool(differs.any()) or a.dtype != b.dtype:
+            continue
+        step = rounding_step(a, b) if a.dtype in HALF_MANTISSA else 0.0
+        ulp = differs & (diff <= step + DETERMINISTIC_ATOL)
+        tie = (
+            differs & ~ulp & at_threshold(name, trimmed[3], inputs, trimmed[1], trimmed[2]) if trimmed else ulp & False
+        )
+        report["ulp"] += int((ulp & (diff > DETERMINISTIC_ATOL)).sum())
+        report["ties"] += int(tie.sum())
+        report["unexplained"] += int((differs & ~ulp & ~tie).sum())
     if random and base_dir is not None:
         base = load_folder(base_dir)
         for label, merged in (("alloy", ours), ("mergekit", theirs)):

@@ -5,27 +5,7 @@ documents (several slices, partial depth, filters and gradients at every level, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    arch: str
-    recipe: str  # mergekit YAML; {base} {a} {b} {c} are model paths
-    random: bool = False
-    origin: str = "alloy"  # where the configuration comes from
-    refused: str | None = None  # the key Alloy refuses, named in details.field
-    ignored: tuple[str, ...] = ()  # keys mergekit accepts and the method never reads: Alloy merges and warns
-    known_difference: str | None = None  # why the tensors are expected to differ (reported, not hidden)
-    trimmed: tuple[str, ...] = ()  # models a TIES-style top-k trims at ``density``: ties at its threshold may differ
-    density: float | None = 1.0  # None: per tensor, as the recipe's gradients and filters give it
-    selection: str = "magnitude"  # or "variance" (SCE's top-k)
-
-    def text(self, models: dict[str, Path]) -> str:
-        return self.recipe.format(**{k: str(v) for k, v in models.items()})
-
+from bench.recipe_case import Case
 
 BASIC = "test_basic_merges"
 TWO = "models:\n  - model: {a}\n    parameters: {{weight: 0.6}}\n  - model: {b}\n    parameters: {{weight: 0.4}}\n"
@@ -287,6 +267,15 @@ RECIPE_FORMS = (
         "merge_method: ties\nbase_model: {base}\nmodels:\n  - model: {a}\n"
         "    parameters: {{weight: 0.7, density: 0.5}}\n  - model: {b}\n    parameters: {{weight: 0.3, density: 0.5}}\n"
         "dtype: float32\n",
+    ),
+    Case(
+        "mistral-ties-float16",  # computed in float16, written in float32
+        "mistral",
+        "merge_method: ties\nbase_model: {base}\nmodels:\n  - model: {a}\n"
+        "    parameters: {{weight: 0.5, density: 0.5}}\n  - model: {b}\n    parameters: {{weight: 0.5, density: 0.5}}\n"
+        "dtype: float16\nout_dtype: float32\n",
+        trimmed=("a", "b"),
+        density=0.5,
     ),
     Case(
         "linear-out-dtype",
