@@ -114,11 +114,10 @@ def concrete_slices(
     if not recipe.slices:
         base = models_base(recipe)
         layers = layer_counts[base] if base else layer_counts[recipe.model_ids[0]]
-        # inputs in mergekit's order: the models, then the base when it is not among them (order-sensitive
-        # methods such as karcher sum their inputs in this order)
-        inputs = [m for m in recipe.model_ids if m != base] + ([base] if base in recipe.model_ids else [])
-        if base in [ref.model for ref in recipe.models]:
-            inputs = recipe.model_ids
+        # mergekit's input order: the models, then the base when it is not among them (an order-sensitive method
+        # such as karcher sums its inputs in this order)
+        listed = [ref.model for ref in recipe.models]
+        inputs = listed + [base] if base is not None and base not in listed else recipe.model_ids
         sources = [SliceSource(model=m, layer_range=(0, layers)) for m in inputs] if layers else []
         if not sources:
             return ()
