@@ -11,6 +11,9 @@ rules of layer stacking.
 
 Every kernel has the signature ``merge(tensors, base_index, global_params, model_params, generator, owned=False)``,
 computes in float32 whatever the input dtype, and modifies an input only when the caller gives it up (``owned``).
+A method whose spec says ``computes_in_dtype`` also takes ``dtype=torch.bfloat16`` (or ``float16``) and then does
+every step in that dtype, in mergekit's order of operations (what mergekit does for a recipe's ``dtype``); float32
+stays the default, bit for bit.
 """
 
 from kernels.errors import InvalidParameterError, KernelError, UnknownStrategyError

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from kernels import sparsify
+from kernels.gta_reduced import generalized_task_arithmetic_in
 from kernels.task_arithmetic import split_base, task_vector
 from kernels.ties import sign_consensus
 
@@ -77,12 +78,28 @@ def generalized_task_arithmetic(
     lam: float,
     generator: torch.Generator | None = None,
     owned: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """``base + lambda * combine(w_i * sparsify(x_i - base))``; each of ``model_params`` holds ``weight`` and what
-    the sparsifier reads (``density``, ``gamma``, ``epsilon``). No models: the base itself (as float32)."""
+    the sparsifier reads (``density``, ``gamma``, ``epsilon``). No models: the base itself (as float32).
+    ``dtype`` is the compute dtype: float32 here; bfloat16 or float16 in :mod:`kernels.gta_reduced`, op for op as
+    mergekit computes in a recipe's dtype (the result is then of that dtype)."""
+    prune = SPARSIFIERS[sparsifier] if sparsifier else None
+    if dtype != torch.float32:
+        return generalized_task_arithmetic_in(
+            dtype,
+            base,
+            models,
+            model_params,
+            prune=prune,
+            consensus=consensus,
+            normalize=normalize,
+            rescale=rescale,
+            lam=lam,
+            generator=generator,
+        )
     if not models:
         return base.to(torch.float32).clone()
-    prune = SPARSIFIERS[sparsifier] if sparsifier else None
     weights = [float(p["weight"]) for p in model_params]
     deltas: list[torch.Tensor] = []  # consensus needs every delta at once; a plain sum needs one at a time
     mixed: torch.Tensor | None = None
@@ -125,10 +142,10 @@ def _chunked_consensus(
 
 
 def kernel(sparsifier: str | None, consensus: bool):
-    """The registry's ``merge(tensors, base_index, global_params, model_params, generator, owned)`` for one
+    """The registry's ``merge(tensors, base_index, global_params, model_params, generator, owned, dtype)`` for one
     sparsifier/consensus combination."""
 
-    def merge(tensors, base_index, global_params, model_params, generator, owned=False):
+    def merge(tensors, base_index, global_params, model_params, generator, owned=False, dtype=torch.float32):
         base, others, params = split_base(tensors, base_index, model_params)
         return generalized_task_arithmetic(
             base,
@@ -141,6 +158,7 @@ def kernel(sparsifier: str | None, consensus: bool):
             lam=float(global_params["lambda"]),
             generator=generator,
             owned=owned,
+            dtype=dtype,
         )
 
     return merge

@@ -83,6 +83,39 @@ def model_stock(base: torch.Tensor, models: Sequence[torch.Tensor], filter_wise:
     return average.mul_(t).add_(base_rows * (1 - t)).reshape(shape)
 
 
-def merge(tensors, base_index, global_params, model_params, generator, owned=False):
+def model_stock_in(
+    dtype: torch.dtype, base: torch.Tensor, models: Sequence[torch.Tensor], filter_wise: bool = False
+) -> torch.Tensor:
+    """Model Stock with every step in a recipe's half ``dtype``, in mergekit's order of operations (whole task
+    vectors, their norms and dot products as reductions of that dtype, the mean cosine of a stack, the factor,
+    the plain average): what mergekit computes for ``dtype: bfloat16``. Not streamed: the parity path."""
+    if len(models) < 2:
+        raise ValueError(f"model_stock needs at least two models besides the base, got {len(models)}")
+    shape = base.shape
+    first, others = base.to(dtype), [m.to(dtype) for m in models]
+    if not filter_wise:
+        first, others = first.reshape(-1), [m.reshape(-1) for m in others]
+    elif first.dim() == 1:
+        first, others = first.unsqueeze(0), [m.unsqueeze(0) for m in others]
+    offsets = [m - first for m in others]
+    cosines = []
+    for i, a in enumerate(offsets):
+        for b in offsets[i + 1 :]:
+            norms = torch.linalg.vector_norm(a, dim=-1) * torch.linalg.vector_norm(b, dim=-1)
+            cosines.append(((a * b).sum(dim=-1) / norms.clamp(min=COSINE_FLOOR)).clamp(-1, 1))
+    cos = torch.stack(cosines).mean(dim=0).unsqueeze(-1)
+    count = len(others)
+    denominator = 1 + (count - 1) * cos
+    singular = denominator.abs() < SINGULAR
+    t = torch.where(singular, torch.zeros_like(cos), (count * cos) / torch.where(singular, 1.0, denominator))
+    average = others[0]
+    for model in others[1:]:
+        average = average + model
+    return (t * (average / count) + (1 - t) * first).reshape(shape)
+
+
+def merge(tensors, base_index, global_params, model_params, generator, owned=False, dtype=torch.float32):
     others = [t for i, t in enumerate(tensors) if i != base_index]
+    if dtype != torch.float32:
+        return model_stock_in(dtype, tensors[base_index], others, bool(global_params["filter_wise"]))
     return model_stock(tensors[base_index], others, bool(global_params["filter_wise"]))

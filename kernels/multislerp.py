@@ -67,9 +67,60 @@ def multislerp(
     return out.add_(base.to(torch.float32)) if base is not None else out
 
 
-def merge(tensors, base_index, global_params, model_params, generator, owned=False):
+def multislerp_in(
+    dtype: torch.dtype,
+    models: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    base: torch.Tensor | None = None,
+    *,
+    normalize_weights: bool = True,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """Multi-SLERP with every step in a recipe's half ``dtype``, in mergekit's order of operations (a stack of the
+    (task) vectors, a weight tensor of that dtype, reductions of it): what mergekit computes for
+    ``dtype: bfloat16``. Not streamed: the parity path."""
+    if len(models) == 1:
+        return models[0].to(dtype).clone()
+    stacked = torch.stack([m.to(dtype) for m in models])
+    if base is not None:
+        stacked -= base.to(dtype)
+    flat = stacked.view(len(models), -1)
+    w = torch.tensor([float(x) for x in weights], dtype=dtype)
+    if normalize_weights:
+        total = w.sum()
+        if total == 0:
+            raise InvalidParameterError("weight", "weights sum to zero, so they cannot be normalized")
+        w = w / total
+    norms = torch.linalg.vector_norm(flat, dim=-1, keepdim=True)
+    units = flat / (norms + eps)
+    mean = (units * w.view(-1, 1)).sum(0)
+    mean_norm = torch.linalg.vector_norm(mean)
+    if mean_norm < eps:
+        if len(models) != 2:
+            raise InvalidParameterError("weight", "the weighted mean of the models' directions is zero")
+        out = (stacked[0] * w[0] + stacked[1] * w[1]).view(stacked.shape[1:])
+        return out + base.to(dtype) if base is not None else out
+    mean = mean / mean_norm
+    tangents = units - (units * mean).sum(-1, keepdim=True) * mean
+    tangent = (tangents * w.view(-1, 1)).sum(0)
+    tangent_norm = torch.linalg.vector_norm(tangent) + eps
+    out = mean * torch.cos(tangent_norm) + tangent * (torch.sin(tangent_norm) / tangent_norm)
+    out = (out * (norms.squeeze(-1) * w).sum()).view(stacked.shape[1:])
+    return out + base.to(dtype) if base is not None else out
+
+
+def merge(tensors, base_index, global_params, model_params, generator, owned=False, dtype=torch.float32):
     others = [i for i in range(len(tensors)) if i != base_index]
     base = tensors[base_index] if base_index is not None else None
+    if dtype != torch.float32:
+        return multislerp_in(
+            dtype,
+            [tensors[i] for i in others],
+            [model_params[i]["weight"] for i in others],
+            base,
+            normalize_weights=bool(global_params["normalize_weights"]),
+            eps=float(global_params["eps"]),
+        )
     return multislerp(
         [tensors[i] for i in others],
         [model_params[i]["weight"] for i in others],

@@ -27,11 +27,18 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 
 
 def nuslerp(
-    t: float, v0: torch.Tensor, v1: torch.Tensor, *, row_wise: bool = False, flatten: bool = True
+    t: float,
+    v0: torch.Tensor,
+    v1: torch.Tensor,
+    *,
+    row_wise: bool = False,
+    flatten: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``v0`` at ``t = 0``, ``v1`` at ``t = 1``; float32 result of ``v0``'s shape."""
+    """``v0`` at ``t = 0``, ``v1`` at ``t = 1``; a result of ``v0``'s shape computed in ``dtype`` (float32, or a
+    recipe's half dtype, every step in it as mergekit computes it)."""
     shape = v0.shape
-    v0, v1 = v0.to(torch.float32), v1.to(torch.float32)
+    v0, v1 = v0.to(dtype), v1.to(dtype)
     if flatten:
         v0, v1 = v0.reshape(-1), v1.reshape(-1)
     elif row_wise:
@@ -47,14 +54,17 @@ def nuslerp(
     return out.reshape(shape)
 
 
-def merge(tensors, base_index, global_params, model_params, generator, owned=False):
+def merge(tensors, base_index, global_params, model_params, generator, owned=False, dtype=torch.float32):
     others = [i for i in range(len(tensors)) if i != base_index]
     if len(others) != 2:
         raise ValueError(f"nuslerp needs exactly two models besides the base, got {len(others)}")
     t = interpolation_factor(float(model_params[others[0]]["weight"]), float(model_params[others[1]]["weight"]))
-    options = dict(row_wise=bool(global_params["nuslerp_row_wise"]), flatten=bool(global_params["nuslerp_flatten"]))
+    options = dict(
+        row_wise=bool(global_params["nuslerp_row_wise"]), flatten=bool(global_params["nuslerp_flatten"]), dtype=dtype
+    )
     a, b = (tensors[i] for i in others)
     if base_index is None:
         return nuslerp(t, a, b, **options)
     base = tensors[base_index]
-    return nuslerp(t, task_vector(a, base, owned), task_vector(b, base, owned), **options).add_(base.to(torch.float32))
+    deltas = task_vector(a, base, owned, dtype), task_vector(b, base, owned, dtype)
+    return nuslerp(t, *deltas, **options).add_(base.to(dtype))

@@ -14,15 +14,15 @@ import torch
 from kernels.task_arithmetic import task_vector
 
 
-def _changed(model: torch.Tensor, base: torch.Tensor, epsilon: float) -> torch.Tensor:
-    return torch.sub(model.to(torch.float32), base.to(torch.float32)).abs_() > epsilon
+def _changed(model: torch.Tensor, base: torch.Tensor, epsilon: float, dtype: torch.dtype) -> torch.Tensor:
+    return torch.sub(model.to(dtype), base.to(dtype)).abs_() > epsilon
 
 
-def _change_counts(base, models, epsilon) -> torch.Tensor:
+def _change_counts(base, models, epsilon, dtype) -> torch.Tensor:
     """Per entry, how many models change it (a small integer type: the counts never exceed the model count)."""
     counts = torch.zeros(base.shape, dtype=torch.uint8 if len(models) < 256 else torch.int32, device=base.device)
     for model in models:
-        counts.add_(_changed(model, base, epsilon))
+        counts.add_(_changed(model, base, epsilon, dtype))
     return counts
 
 
@@ -34,19 +34,22 @@ def ram(
     r: float = 0.0,
     alpha: float = 0.0,
     owned: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """``r = 0`` is plain RAM; ``r > 0`` is RAM+ (tensor-local). Two passes over the models (count the changes,
-    then combine them), so no task vector is kept longer than one model's turn."""
+    then combine them), so no task vector is kept longer than one model's turn. Computed in ``dtype`` (float32, or
+    a recipe's half dtype as mergekit computes RAM: the changes, their means and the sum in it; mergekit sums the
+    models' terms in one reduction, rounding once, where this rounds at each model after the second)."""
     if not models:
-        return base.to(torch.float32).clone()
-    counts = _change_counts(base, models, epsilon)
+        return base.to(dtype).clone()
+    counts = _change_counts(base, models, epsilon, dtype)
     unique = counts == 1
     overlap = counts > 1
     divisor = counts.clamp(min=1).to(torch.float32)
     del counts
-    out = torch.zeros(base.shape, dtype=torch.float32, device=base.device)
+    out = torch.zeros(base.shape, dtype=dtype, device=base.device)
     for model in models:
-        delta = task_vector(model, base, owned)
+        delta = task_vector(model, base, owned, dtype)
         changed = delta.abs() > epsilon
         delta.mul_(changed)
         scale = 1.0
@@ -60,12 +63,12 @@ def ram(
         del own
         out.add_(delta.div_(divisor).mul_(overlap))
         del delta
-    return out.add_(base.to(torch.float32))
+    return out.add_(base.to(dtype))
 
 
-def merge_ram(tensors, base_index, global_params, model_params, generator, owned=False):
+def merge_ram(tensors, base_index, global_params, model_params, generator, owned=False, dtype=torch.float32):
     others = [t for i, t in enumerate(tensors) if i != base_index]
-    return ram(tensors[base_index], others, float(global_params["epsilon"]), owned=owned)
+    return ram(tensors[base_index], others, float(global_params["epsilon"]), owned=owned, dtype=dtype)
 
 
 def merge_ramplus_tl(tensors, base_index, global_params, model_params, generator, owned=False):

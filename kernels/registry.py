@@ -109,6 +109,7 @@ def _gta(
         random=sparsifier in ("random", "della_magprune"),
         family=family,
         reference=reference,
+        computes_in_dtype=True,
     )
 
 
@@ -239,6 +240,7 @@ _OTHER_METHODS = (
         base="optional",
         min_non_base=2,
         max_non_base=2,
+        computes_in_dtype=True,
     ),
     MethodSpec(
         "multislerp",
@@ -249,6 +251,7 @@ _OTHER_METHODS = (
             param("eps", float, 1e-8, "global", 0.0, description="numerical floor of norms"),
         ),
         multislerp.merge,
+        computes_in_dtype=True,
         min_models=1,
         max_models=UNLIMITED,
         family="slerp",
@@ -264,6 +267,7 @@ _OTHER_METHODS = (
             param("tol", float, 1e-5, "global", 0.0, description="convergence tolerance"),
         ),
         karcher.merge,
+        computes_in_dtype=True,
         min_models=1,
         max_models=UNLIMITED,
         uses_base=False,
@@ -276,6 +280,7 @@ _OTHER_METHODS = (
         "interpolate base and mean of the models by the angle between their task vectors",
         (param("filter_wise", bool, False, description="one interpolation factor per row instead of per tensor"),),
         model_stock.merge,
+        computes_in_dtype=True,
         min_models=3,
         max_models=UNLIMITED,
         family="task_arithmetic",
@@ -286,6 +291,7 @@ _OTHER_METHODS = (
         "take the other model's entries where they are within t of the base's",
         (param("t", float, None, "global", 0.0, description="distance threshold (required)", required=True),),
         nearswap.merge,
+        computes_in_dtype=True,
         min_models=2,
         max_models=2,
         family="task_arithmetic",
@@ -319,6 +325,7 @@ _OTHER_METHODS = (
             ),
         ),
         sce.merge,
+        computes_in_dtype=True,
         min_models=1,
         max_models=UNLIMITED,
         family="ties",
@@ -329,6 +336,7 @@ _OTHER_METHODS = (
         "entries changed by one model keep its change, by several the mean of theirs",
         (param("epsilon", float, 1e-5, "global", 0.0, description="smallest change that counts"),),
         ram.merge_ram,
+        computes_in_dtype=True,
         min_models=1,
         max_models=UNLIMITED,
         family="task_arithmetic",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels.gta_reduced import agreement
 from kernels.reductions import stable_dot
 from kernels.sparsify import top_k_mask
 from kernels.task_arithmetic import task_vector
@@ -72,6 +73,32 @@ def sce(
     return mixed.div_(divisor.clamp_(min=DIVISOR_FLOOR)).add_(base.to(torch.float32))
 
 
-def merge(tensors, base_index, global_params, model_params, generator, owned=False):
+def sce_in(dtype: torch.dtype, base: torch.Tensor, models: Sequence[torch.Tensor], select_topk: float = 1.0):
+    """SCE with every step in a recipe's half ``dtype``, in mergekit's order of operations (stacked task vectors,
+    their variance, weights and sums as reductions of that dtype): what mergekit computes for ``dtype: bfloat16``.
+    The top-k of the variances ranks the rounded values exactly, ties by position (mergekit's topk: unspecified)."""
+    base = base.to(dtype)
+    if not models:
+        return base.clone()
+    stacked = torch.stack([m.to(dtype) - base for m in models])
+    if select_topk < 1:
+        mask = torch.zeros(stacked.shape[1:], dtype=torch.bool)
+        if select_topk > 0:
+            variance = torch.var(stacked, dim=0, unbiased=False)
+            k = int(int(torch.count_nonzero(variance)) * select_topk)
+            mask = top_k_mask(variance.view(-1), k).view_as(variance)
+        stacked = stacked * mask.unsqueeze(0)
+    agrees = agreement(stacked)
+    weights = stacked.square().reshape(len(models), -1).mean(dim=1)
+    total = torch.sum(weights).item()
+    weights = torch.ones_like(weights) / len(models) if abs(total) < WEIGHT_SUM_EPS else weights / total
+    weights = weights.reshape(-1, *([1] * base.dim())) * agrees
+    merged = (stacked * weights).sum(dim=0)
+    return base + merged / torch.sum(weights, dim=0).clamp(min=DIVISOR_FLOOR)
+
+
+def merge(tensors, base_index, global_params, model_params, generator, owned=False, dtype=torch.float32):
     others = [t for i, t in enumerate(tensors) if i != base_index]
+    if dtype != torch.float32:
+        return sce_in(dtype, tensors[base_index], others, float(global_params["select_topk"]))
     return sce(tensors[base_index], others, float(global_params["select_topk"]), owned)

@@ -132,6 +132,12 @@ RESCALE_EPS = 1e-7
 
 def _rescale_l1_(owned: torch.Tensor, l1_before: float) -> torch.Tensor:
     l1_after = float(stable_abs_sum(owned))
+    if owned.dtype in (torch.bfloat16, torch.float16):  # computing in a reduced dtype (kernels.gta_reduced):
+        # mergekit's two norms and their ratio are tensors of that dtype, each rounded once
+        before, after = (torch.tensor(v, dtype=owned.dtype) for v in (l1_before, l1_after))
+        if before < RESCALE_EPS or after < RESCALE_EPS:
+            return owned
+        return owned.mul_(before / after)
     if l1_before < RESCALE_EPS or l1_after < RESCALE_EPS:
         return owned
     return owned.mul_(l1_before / l1_after)
@@ -215,7 +221,7 @@ def della_keep_probability(owned: torch.Tensor, density: float, epsilon: float) 
     (mergekit's argsort is unstable there). A row of one entry gets ``density`` (mergekit fails on it: 0/0)."""
     rows = owned.unsqueeze(0) if owned.dim() < 2 else owned
     # int32 bit patterns of the magnitudes: the same order as the floats, and torch sorts them ~1.4-3x faster
-    magnitude = selection.magnitude_keys(rows).movedim(1, -1)
+    magnitude = selection.magnitude_keys(rows.float()).movedim(1, -1)  # float(): exact for half dtypes
     length = magnitude.shape[-1]
     order = torch.argsort(magnitude, dim=-1, stable=True)
     del magnitude

@@ -17,7 +17,7 @@ from kernels.params import is_filter_list, is_gradient, is_scalar, scalar_points
 # (mergekit's NON_BASE); "input": one value per
 # input model, the base included (mergekit's INPUT: linear's weight, passthrough's scale).
 Scope = Literal["global", "per_model", "input"]
-Kernel = Callable[..., Any]  # (tensors, base_index, global_params, model_params, generator, owned) -> float32 tensor
+Kernel = Callable[..., Any]  # (tensors, base_index, global_params, model_params, generator, owned[, dtype]) -> tensor
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,10 @@ class MethodSpec:
     min_non_base: int | None = None
     max_non_base: int | None = None
     reference: str = ""
+    # mergekit computes the method in the recipe's dtype, op for op, and the kernel can too: it takes ``dtype``
+    # (bfloat16, float16) and returns a tensor of it. Otherwise the kernel computes in float32 from inputs rounded
+    # to that dtype, and its result is rounded to it.
+    computes_in_dtype: bool = False
     param_index: dict[str, ParamSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -9,13 +9,16 @@ import torch
 NORMALIZE_EPS = 1e-8  # a weight sum this close to zero is not divided by (mergekit's rule)
 
 
-def task_vector(model: torch.Tensor, base: torch.Tensor, owned: bool = False) -> torch.Tensor:
-    """``model - base`` in float32. With ``owned`` (the caller gives ``model`` up) a float32 ``model`` is turned
-    into its task vector in place, which saves a tensor-sized buffer per model; the result is the same bits."""
-    base = base.to(torch.float32)
-    if owned and model.dtype == torch.float32:
+def task_vector(
+    model: torch.Tensor, base: torch.Tensor, owned: bool = False, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``model - base`` in ``dtype`` (float32 unless a kernel computes in a recipe's half dtype). With ``owned`` (the
+    caller gives ``model`` up) a ``model`` of that dtype is turned into its task vector in place, which saves a
+    tensor-sized buffer per model; the result is the same bits."""
+    base = base.to(dtype)
+    if owned and model.dtype == dtype:
         return model.sub_(base)
-    return torch.sub(model.to(torch.float32), base)
+    return torch.sub(model.to(dtype), base)
 
 
 def combine(

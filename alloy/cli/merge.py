@@ -132,6 +132,8 @@ def merge(
             if full is not None:
                 raise failed(full.code, full.message) from None
             raise failed(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}") from None
+    for warning in result.warnings:
+        click.echo(f"Warning: {warning}", err=True)
     click.echo(
         f"merged {result.tensors} tensors ({result.bytes / 1e6:.1f} MB) into {result.out_dir} in {result.seconds:.1f}s"
     )

@@ -26,6 +26,7 @@ from alloy.merge.lora import LoraSource, TensorReader, model_folder, open_reader
 from alloy.merge.output_files import copy_base_files, write_config, write_model_card, write_recipe_files
 from alloy.merge.plan import MergePlan, TensorTask, build_plan, layout_from_manifest, layout_from_state_dict
 from alloy.merge.recipe import MergeRecipe, validate_recipe
+from alloy.merge.recipe_checks import ignored_warnings
 from alloy.merge.tensor_io import PlannedTensor, ShardedWriter
 from alloy.merge.tensor_merge import compute_tensor
 from alloy.merge.tokenizer_merge import prepare_tokenizer
@@ -77,6 +78,7 @@ class MergeResult(BaseModel):
     bytes: int
     seconds: float
     manifest: ModelManifest | None  # None for a group of shards (``shards=``): no config.json of its own
+    warnings: list[str] = []  # what the recipe said that the merge did not use (see ignored_warnings)
 
 
 def resolve_device(device: str | None) -> str:
@@ -187,6 +189,7 @@ def execute_merge(
         bytes=writer.total_bytes,
         seconds=time.perf_counter() - started,
         manifest=read_manifest(out_dir) if shards is None else None,
+        warnings=ignored_warnings(plan.recipe),
     )
 
 

@@ -1,9 +1,10 @@
 """Recipe files: Alloy's own YAML and mergekit's (``mergekit-yaml recipe.yml out/``), detected automatically.
 
 A mergekit file has ``merge_method``; an Alloy file has ``strategy``. A mergekit recipe keeps mergekit's method
-name (``variant``), parameter names, defaults and precedence: :mod:`alloy.merge.recipe_checks` refuses any parameter
-its method does not declare. Every key of the file is either honoured as mergekit honours it or refused with
-VALIDATION_FAILED naming it (``details.field``): Alloy never drops a key silently, even where mergekit would.
+name (``variant``), parameter names, defaults and precedence. Every key of the file is either honoured as mergekit
+honours it or refused with VALIDATION_FAILED naming it (``details.field``). A parameter the method does not read is
+ignored as mergekit ignores it when mergekit knows the name, never silently: the merge result names it in a
+warning (:func:`alloy.merge.recipe_checks.unread_parameter`); an unknown name is refused.
 
 =====================  ============================================================================
 mergekit key           Alloy
@@ -12,7 +13,7 @@ merge_method           ``variant`` (looked up in the kernels' methods; unknown: 
 base_model             ``base_model`` (methods that need a base refuse a recipe without one)
 models / slices        ``models`` / output ``slices`` (several slices, each with sources and parameters)
 parameters             global parameters (slice source > output slice > model > global)
-dtype                  ``compute_dtype``; also the output dtype unless ``out_dtype`` is set
+dtype                  ``compute_dtype`` (the maths in it, as mergekit); also the output dtype unless ``out_dtype``
 out_dtype              ``dtype`` (the output dtype)
 tokenizer_source,      the output vocabulary, embedding rows aligned to it, the chat template
 tokenizer, chat_template  (:mod:`alloy.merge.tokenizer_config`; mergekit's alpaca/exaone templates refused)
@@ -129,17 +130,19 @@ def from_mergekit(data: dict[str, Any], text: str | None = None) -> MergeRecipe:
                     params[key] = _coerce(value, types[key])
     compute = _dtype(data.get("dtype"), "dtype")
     try:
-        return MergeRecipe(
-            strategy=method.family,
-            variant=method.name,
-            models=models,
-            base_model=_model_name(data["base_model"], "base_model") if data.get("base_model") else None,
-            parameters=_params(data.get("parameters"), "parameters"),
-            slices=slices,
-            dtype=_dtype(data.get("out_dtype"), "out_dtype") or compute,
-            compute_dtype=compute,
-            tokenizer=settings_from_mergekit(data),
-            mergekit_config=text if text is not None else yaml.safe_dump(data, sort_keys=False),
+        return MergeRecipe.model_validate(  # plain dicts and dtype names, validated by the model
+            {
+                "strategy": method.family,
+                "variant": method.name,
+                "models": models,
+                "base_model": _model_name(data["base_model"], "base_model") if data.get("base_model") else None,
+                "parameters": _params(data.get("parameters"), "parameters"),
+                "slices": slices,
+                "dtype": _dtype(data.get("out_dtype"), "out_dtype") or compute,
+                "compute_dtype": compute,
+                "tokenizer": settings_from_mergekit(data),
+                "mergekit_config": text if text is not None else yaml.safe_dump(data, sort_keys=False),
+            }
         )
     except ValueError as exc:
         raise recipe_validation_error(exc) from None
@@ -189,7 +192,7 @@ def _slice_entry(entry: Any, field: str) -> dict[str, Any]:
     sources = entry.get("sources")
     if not isinstance(sources, list) or not sources:
         raise _refuse(f"{field}.sources", "a slice needs a list of sources")
-    out = {"sources": [], "parameters": _params(entry.get("parameters"), f"{field}.parameters")}
+    out: dict[str, Any] = {"sources": [], "parameters": _params(entry.get("parameters"), f"{field}.parameters")}
     if entry.get("base_model"):
         out["base_model"] = _model_name(entry["base_model"], f"{field}.base_model")
     for j, source in enumerate(sources):

@@ -114,7 +114,11 @@ def concrete_slices(
     if not recipe.slices:
         base = models_base(recipe)
         layers = layer_counts[base] if base else layer_counts[recipe.model_ids[0]]
-        sources = [SliceSource(model=m, layer_range=(0, layers)) for m in recipe.model_ids] if layers else []
+        # mergekit's input order: the models, then the base when it is not among them (an order-sensitive method
+        # such as karcher sums its inputs in this order)
+        listed = [ref.model for ref in recipe.models]
+        inputs = listed + [base] if base is not None and base not in listed else recipe.model_ids
+        sources = [SliceSource(model=m, layer_range=(0, layers)) for m in inputs] if layers else []
         if not sources:
             return ()
         return (OutputSlice(sources=sources, base_model=base),)

@@ -109,6 +109,9 @@ class MergeRecipe(BaseModel):
     # The original mergekit YAML, kept for the merged folder; set only for recipes read from mergekit format, whose
     # parameter names and defaults are mergekit's (no Alloy spellings, no Alloy defaults).
     mergekit_config: str | None = None
+    # Field paths of parameters mergekit accepts but the method does not read, dropped by the validation as
+    # mergekit ignores them (see :func:`alloy.merge.recipe_checks.unread_parameter`); reported as warnings.
+    ignored: list[str] = Field(default_factory=list)
 
     @field_validator("slices", mode="before")
     @classmethod
@@ -201,15 +204,17 @@ class MergeRecipe(BaseModel):
                 {"field": "model_parameters", "models": stray},
             )
         try:
-            return cls(
-                strategy=strategy,
-                variant=variant,
-                models=[ModelRef(model=m, parameters=model_parameters.get(m, {})) for m in models],
-                base_model=base_model,
-                parameters=parameters or {},
-                slices=slices or None,
-                dtype=dtype,
-                seed=0 if seed is None else seed,
+            return cls.model_validate(  # slices as plain dicts and the dtype's name, validated by the model
+                {
+                    "strategy": strategy,
+                    "variant": variant,
+                    "models": [ModelRef(model=m, parameters=model_parameters.get(m, {})) for m in models],
+                    "base_model": base_model,
+                    "parameters": parameters or {},
+                    "slices": slices or None,
+                    "dtype": dtype,
+                    "seed": 0 if seed is None else seed,
+                }
             )
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise recipe_validation_error(exc) from None

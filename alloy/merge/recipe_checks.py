@@ -1,8 +1,11 @@
 """Validation of a recipe without any model file: the method, every parameter at every level, the inputs of
 every output slice and their base. Alloy-native spellings (``drop_rate``, ``consensus``, ``scale`` for
 ``lambda``, ties ``epsilon``) and Alloy's documented defaults become the method's own parameters here, once; a
-recipe read from mergekit YAML keeps mergekit's names and defaults and any parameter its method does not declare
-is refused (mergekit would silently ignore it)."""
+recipe read from mergekit YAML keeps mergekit's names and defaults. A parameter its method does not declare is
+handled by :func:`unread_parameter`, the one rule for it: mergekit ignores it, so Alloy does too when mergekit knows
+the name (another of its methods reads it, e.g. ``weight`` on slerp), but never silently: the key is dropped and
+named in ``MergeRecipe.ignored`` (a warning in the merge result and the CLI output). A name no mergekit method
+knows (a typo) is refused with VALIDATION_FAILED naming the key, as is any unknown key of an Alloy-native recipe."""
 
 from __future__ import annotations
 
@@ -14,6 +17,10 @@ from alloy.merge.methods import get_method, is_shared, resolve_variant, uses_bas
 from alloy.merge.recipe import MAX_MODELS, MIN_MODELS, MergeRecipe, ModelRef, OutputSlice, SliceSource, parameter_error
 from kernels.errors import InvalidParameterError
 from kernels.params import is_filter_list, scalar_points
+from kernels.registry import ALLOY_ONLY_METHODS, METHODS
+
+# Every parameter name some mergekit 0.1.5 method declares: what mergekit "knows" (and ignores elsewhere).
+MERGEKIT_PARAMETERS = frozenset(p.name for m in METHODS.values() if m.name not in ALLOY_ONLY_METHODS for p in m.params)
 
 # Alloy's documented defaults where mergekit's differ (or mergekit has none): applied to Alloy-native recipes only.
 # By family; only to parameters the method declares (nearswap's t, a threshold in another family, gets none).
@@ -28,14 +35,29 @@ ALLOY_DEFAULTS: dict[str, dict[str, Any]] = {
 def canonical_recipe(recipe: MergeRecipe) -> MergeRecipe:
     if recipe.is_mergekit:
         method = get_method(recipe.variant or recipe.strategy)
+        recipe = recipe.model_copy(deep=True)  # unread parameters are dropped from this copy's levels
     else:
         method = resolve_variant(recipe.strategy, recipe.variant, recipe.parameters)
         recipe = _alloy_spellings(recipe, method)
     _check_models(recipe, method)
     _check_groups(recipe, method)
+    ignored: list[str] = []
     for field, params, shared_allowed in parameter_levels(recipe):
+        for key in [k for k in params if unread_parameter(recipe, method, k)]:
+            del params[key]  # the levels are the copy's own dicts (see below)
+            ignored.append(f"{field}.{key}")
         _check_params(method, field, params, shared_allowed)
-    return recipe.model_copy(update={"variant": method.name, "strategy": method.family})
+    return recipe.model_copy(
+        update={"variant": method.name, "strategy": method.family, "ignored": [*recipe.ignored, *ignored]}
+    )
+
+
+def unread_parameter(recipe: MergeRecipe, method: Any, key: str) -> bool:
+    """Whether ``key`` is a parameter the recipe's method does not read and that is nevertheless merged without
+    it, as mergekit does: only in a mergekit recipe, and only for a name mergekit knows. Anything else the method
+    does not declare is refused by the parameter check (VALIDATION_FAILED naming the key)."""
+    declared = any(p.name == key for p in method.params)
+    return recipe.is_mergekit and not declared and key in MERGEKIT_PARAMETERS
 
 
 def parameter_levels(recipe: MergeRecipe) -> Iterator[tuple[str, dict[str, Any], bool]]:
@@ -47,6 +69,12 @@ def parameter_levels(recipe: MergeRecipe) -> Iterator[tuple[str, dict[str, Any],
         yield f"slices.{k}.parameters", piece.parameters, True
         for j, source in enumerate(piece.sources):
             yield f"slices.{k}.sources.{j}.parameters", source.parameters, False
+
+
+def ignored_warnings(recipe: MergeRecipe) -> list[str]:
+    """One line per parameter the validated recipe ignored, naming its field."""
+    method = recipe.variant or recipe.strategy
+    return [f"{field}: not read by {method}; ignored, as mergekit ignores it" for field in recipe.ignored]
 
 
 def _param(method: Any, name: str):

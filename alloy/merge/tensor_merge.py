@@ -77,31 +77,49 @@ def _missing(parameter: str, where: str) -> AlloyError:
     )
 
 
+def compute_dtype(plan: MergePlan, inputs: list[torch.Tensor]) -> torch.dtype | None:
+    """The dtype one tensor is computed in, mergekit's rule (its ``dtype`` key): the recipe's ``compute_dtype``;
+    without one, a mergekit recipe computes in its inputs' promoted dtype (bfloat16 models stay bfloat16), while an
+    Alloy-native recipe computes in float32 (None: the kernels' default)."""
+    if plan.recipe.compute_dtype:
+        return OUTPUT_DTYPES[plan.recipe.compute_dtype]
+    if not plan.recipe.is_mergekit or not inputs:
+        return None
+    promoted = inputs[0].dtype
+    for tensor in inputs[1:]:
+        promoted = torch.promote_types(promoted, tensor.dtype)
+    return promoted if promoted.is_floating_point else None
+
+
 def compute_tensor(
     plan: MergePlan, task: TensorTask, inputs: list[torch.Tensor], *, device: str = "cpu", owned: bool = False
 ) -> torch.Tensor:
     """The output tensor (on the CPU, in ``task.dtype``) from the inputs in ``task.sources`` order.
     With ``owned`` the inputs are the caller's to give up, and kernels may reuse their memory. With a compute
-    dtype (mergekit's ``dtype``) the inputs are rounded to it first and the result rounded to it after."""
+    dtype other than float32 (:func:`compute_dtype`) the inputs are rounded to it first; a method mergekit computes
+    in that dtype op for op (``computes_in_dtype``) is computed so by its kernel, any other in float32 and its
+    result rounded to the compute dtype (what mergekit does for those: linear, slerp...)."""
     if not task.compute:
         return inputs[0].to(task.dtype)
     shared, per_input = resolve_task_parameters(plan, task)
     random = getattr(plan.method, "random", False)
     generator = torch.Generator().manual_seed(tensor_seed(plan.recipe.seed, task.output_name)) if random else None
-    compute_dtype = OUTPUT_DTYPES.get(plan.recipe.compute_dtype or "")
-    if compute_dtype is not None:
-        inputs = [t.to(compute_dtype) for t in inputs]
+    dtype = compute_dtype(plan, inputs)
+    reduced = dtype is not None and dtype != torch.float32
+    if reduced:
+        inputs = [t.to(dtype) for t in inputs]
     if task.vocabulary is not None:  # rows in output-vocabulary order, as the method must see them
         inputs = align_vocabulary(inputs, task.vocabulary)
     on_device = [t.to(device) for t in inputs] if device != "cpu" else inputs
+    options: dict[str, Any] = {"dtype": dtype} if reduced and plan.method.computes_in_dtype else {}
     try:
-        out = plan.method.kernel(on_device, task.base_index, shared, per_input, generator, owned=owned)
+        out = plan.method.kernel(on_device, task.base_index, shared, per_input, generator, owned=owned, **options)
     except InvalidParameterError as exc:
         raise parameter_error(exc) from None
     except KernelError as exc:
         raise AlloyError(
             ErrorCode.VALIDATION_FAILED, f"{task.output_name}: {exc}", {"tensor": task.output_name}
         ) from None
-    if compute_dtype is not None:
-        out = out.to(compute_dtype)
+    if reduced:
+        out = out.to(dtype)
     return out.to(device="cpu", dtype=task.dtype)

@@ -242,3 +242,27 @@ dtype: float16
     assert all(t.dtype == torch.float16 for t in load_weights(tmp_path / "out").values())
     missing = CliRunner().invoke(merge, [str(recipe_file), str(tmp_path / "out")])
     assert missing.exit_code != 0 and "ALREADY_EXISTS" in missing.output
+
+
+def test_cli_names_each_parameter_the_method_does_not_read_in_a_warning(family, tmp_path):
+    from click.testing import CliRunner
+
+    from alloy.cli.merge import merge
+
+    recipe_file = tmp_path / "recipe.yml"
+    recipe_file.write_text(f"""
+merge_method: slerp
+base_model: {family["base"]}
+models:
+  - model: {family["base"]}
+  - model: {family["t1"]}
+    parameters: {{weight: 0.4}}
+parameters: {{t: 0.3, density: 0.5}}
+""")
+    outcome = CliRunner().invoke(merge, [str(recipe_file), str(tmp_path / "out"), "--quiet"])
+    assert outcome.exit_code == 0, outcome.output
+    assert "Warning: parameters.density: not read by slerp" in outcome.output
+    assert "Warning: models.1.parameters.weight: not read by slerp" in outcome.output
+    recipe_file.write_text(recipe_file.read_text().replace("density", "densty"))
+    refused = CliRunner().invoke(merge, [str(recipe_file), str(tmp_path / "out2"), "--quiet"])
+    assert refused.exit_code != 0 and "VALIDATION_FAILED" in refused.output and "parameters.densty" in refused.output

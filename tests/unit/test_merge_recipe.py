@@ -320,14 +320,6 @@ parameters: {scale: 3.0}
     assert scale("model.layers.1.self_attn.q_proj.weight") == 3.0
 
 
-def test_mergekit_ties_epsilon_is_refused_not_ignored():
-    error = refusal(
-        "merge_method: ties\nbase_model: b\nmodels: [{model: b}, {model: a, parameters: {weight: 1, "
-        "density: 0.5}}]\nparameters: {epsilon: 0.1}\n"
-    )
-    assert error.code is ErrorCode.VALIDATION_FAILED and error.details["field"] == "parameters.epsilon"
-
-
 def test_mergekit_keeps_mergekit_defaults_and_requires_weight():
     loaded = validate_recipe(load_recipe_yaml("merge_method: ties\nbase_model: b\nmodels: [{model: b}, {model: a}]\n"))
     plan = build_plan(loaded, {"a": layout(1), "b": layout(1)})
@@ -362,8 +354,8 @@ parameters: {t: 0.5}
             "slices.0.residual_weight",
         ),
         (
-            "merge_method: linear\nmodels: [{model: a, parameters: {weight: 1, density: 0.5}}, {model: b}]\n",
-            "models.0.parameters.density",
+            "merge_method: linear\nmodels: [{model: a, parameters: {weight: 1, densty: 0.5}}, {model: b}]\n",
+            "models.0.parameters.densty",  # no mergekit method knows it (density on linear: ignored, warned)
         ),
         (
             "merge_method: ties\nbase_model: a\nmodels: [{model: a}, {model: b, parameters: {normalize: true}}]\n",
