@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MERGEKIT_PYTHON = Path("/work/mkvenv/bin/python")
+DEFAULT_MERGEKIT_PYTHON = Path(os.environ.get("ALLOY_MERGEKIT_PYTHON", "/work/mkvenv/bin/python"))
 REPO = Path(__file__).resolve().parent.parent
 # method -> (models used: all tunes or one, parameters of each non-base model, global parameters)
 METHODS = {
@@ -142,8 +142,23 @@ def timed(command: list[str], env: dict | None = None) -> Usage:
     return Usage(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
 
 
-def run_alloy(config: Path, out: Path) -> Usage:
-    return timed([sys.executable, "-m", "alloy.cli.main", "merge", str(config), str(out), "--quiet"])
+def run_alloy(config: Path, out: Path, device: str = "cpu") -> Usage:
+    return timed([sys.executable, "-m", "alloy.cli.main", "merge", str(config), str(out), "--quiet", "--device", device])
+
+
+def alloy_estimates(config: Path) -> dict:
+    """``alloy merge --dry-run --json``'s estimates for the recipe (headers only)."""
+    command = [sys.executable, "-m", "alloy.cli.main", "merge", "--dry-run", "--json", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=True)
+    return json.loads(done.stdout)["estimates"]
+
+
+def estimate_note(estimates: dict, usage: Usage) -> tuple[str, bool]:
+    """estimate / measured for peak RSS and wall time; within the issue's 25% or not."""
+    memory = estimates["peak_memory_bytes"] / usage.peak_rss
+    wall = estimates["wall_seconds"] / usage.wall_s
+    ok = all(0.75 <= r <= 1.25 for r in (memory, wall))
+    return f"est/measured RSS {memory:.2f} wall {wall:.2f}{'' if ok else ' OUTSIDE 25%'}", ok
 
 
 def run_mergekit(python: Path, config: Path, out: Path) -> Usage:
@@ -221,6 +236,10 @@ def main() -> None:
     parser.add_argument("--mergekit", help="mergekit's Python (its mergekit-yaml sits beside it)")
     parser.add_argument("--no-mergekit", action="store_true")
     parser.add_argument("--keep-models", action="store_true")
+    parser.add_argument("--device", default="cpu", help="alloy merge --device (cpu, cuda): the same code path")
+    parser.add_argument(
+        "--check-estimates", action="store_true", help="compare each Alloy run with its dry run's estimates"
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -243,6 +262,8 @@ def main() -> None:
         flush=True,
     )
     floors: dict[tuple[str, str], Usage] = {}
+    summary: dict[str, dict[str, float]] = {}
+    misses = 0
     for method in args.methods.split(","):
         scope = METHODS[method][0]
         for tool in ("alloy", "mergekit") if python else ("alloy",):
@@ -250,7 +271,7 @@ def main() -> None:
                 floor_config = args.root / f"floor-{scope}.yml"
                 floor_yaml = recipe_yaml("task_arithmetic", folders if scope == "all" else folders[:2])
                 floor_config.write_text(floor_yaml)
-                floors[(scope, tool)] = run_one(tool, python, floor_config, args.root, folders)
+                floors[(scope, tool)] = run_one(tool, python, floor_config, args.root, folders, args.device)
                 floor = floors[(scope, tool)]
                 print(row(f"floor:{scope}", tool, floor, floor), flush=True)
         config = args.root / f"{method}.yml"
@@ -259,13 +280,28 @@ def main() -> None:
         for tool in ("alloy", "mergekit") if python else ("alloy",):
             out = args.root / f"out-{method}-{tool}"
             shutil.rmtree(out, ignore_errors=True)
+            estimates = alloy_estimates(config) if tool == "alloy" and args.check_estimates else None
             warm_page_cache(folders)
-            usage = run_alloy(config, out) if tool == "alloy" else run_mergekit(python, config, out)
+            usage = run_alloy(config, out, args.device) if tool == "alloy" else run_mergekit(python, config, out)
             outputs[tool] = out
             note = ""
+            if estimates is not None:
+                note, ok = estimate_note(estimates, usage)
+                misses += not ok
+            if tool == "alloy":
+                floor = floors[(scope, tool)]
+                summary[method] = {"wall/TA": usage.wall_s / floor.wall_s, "cpu/TA": usage.cpu_s / floor.cpu_s}
             if tool == "mergekit":
                 alloy_usage = outputs["alloy_usage"]
-                note = f"alloy/mergekit wall {alloy_usage.wall_s / usage.wall_s:.2f}x RSS {alloy_usage.peak_rss / usage.peak_rss:.2f}x"
+                summary[method] |= {
+                    "wall/mk": alloy_usage.wall_s / usage.wall_s,
+                    "cpu/mk": alloy_usage.cpu_s / usage.cpu_s,
+                    "RSS/mk": alloy_usage.peak_rss / usage.peak_rss,
+                }
+                note = (
+                    f"alloy/mergekit wall {alloy_usage.wall_s / usage.wall_s:.2f}x "
+                    f"CPU {alloy_usage.cpu_s / usage.cpu_s:.2f}x RSS {alloy_usage.peak_rss / usage.peak_rss:.2f}x"
+                )
                 if method not in RANDOM:
                     note += f", max|alloy-mergekit| {max_abs_diff(outputs['alloy'], out):.1e}"
             outputs["alloy_usage" if tool == "alloy" else "mergekit_usage"] = usage
@@ -273,17 +309,26 @@ def main() -> None:
         for key in ("alloy", "mergekit"):
             if key in outputs:
                 shutil.rmtree(outputs[key], ignore_errors=True)
+    print("\nAlloy ratios (TA: Alloy's task-arithmetic floor; mk: mergekit on the same recipe)")
+    columns = ("wall/TA", "cpu/TA", "wall/mk", "cpu/mk", "RSS/mk")
+    print(f"{'method':17s}" + "".join(f"{c:>9s}" for c in columns))
+    for method, ratios in summary.items():
+        print(f"{method:17s}" + "".join(f"{ratios[c]:9.2f}" if c in ratios else f"{'-':>9s}" for c in columns))
+    if args.check_estimates:
+        print(f"dry-run estimates outside 25%: {misses}")
     load = os.getloadavg()
     print(f"done in {time.perf_counter() - started:.0f}s; load at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if not args.keep_models:
         shutil.rmtree(args.root, ignore_errors=True)
 
 
-def run_one(tool: str, python: Path | None, config: Path, root: Path, folders: list[Path]) -> Usage:
+def run_one(
+    tool: str, python: Path | None, config: Path, root: Path, folders: list[Path], device: str = "cpu"
+) -> Usage:
     out = root / f"out-floor-{tool}"
     shutil.rmtree(out, ignore_errors=True)
     warm_page_cache(folders)
-    usage = run_alloy(config, out) if tool == "alloy" else run_mergekit(python, config, out)
+    usage = run_alloy(config, out, device) if tool == "alloy" else run_mergekit(python, config, out)
     shutil.rmtree(out, ignore_errors=True)
     return usage
 
