@@ -129,21 +129,37 @@ def recipe_yaml(method: str, folders: list[Path]) -> str:
 # --- runs --------------------------------------------------------------------------------------------------------
 
 
+# Runs each measured command from a fresh, small Python. Linux carries the forking process's high-water RSS into
+# the child's ru_maxrss across exec (vfork shares the memory map until exec), so a child spawned straight from
+# this bench, which holds models in memory while it builds and compares them, would report the bench's own peak.
+# The launcher's own resident set (about 10 MB) is the only thing that leaks into the figure.
+LAUNCHER = """
+import json, os, subprocess, sys, time
+started = time.perf_counter()
+process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+stderr = process.stderr.read()
+_, status, usage = os.wait4(process.pid, 0)
+print(json.dumps({"code": os.waitstatus_to_exitcode(status), "wall": time.perf_counter() - started,
+                  "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024,
+                  "stderr": stderr.decode(errors="replace")[-3000:]}))
+"""
+
+
 def timed(command: list[str], env: dict | None = None) -> Usage:
-    """Run ``command`` in its own process; wall, CPU and peak RSS of that process alone (os.wait4)."""
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
-    stderr = process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - started
-    if process.returncode:
-        raise RuntimeError(f"{command[:3]} failed ({process.returncode}):\n{stderr.decode()[-3000:]}")
-    return Usage(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+    """Run ``command`` in its own process; wall, CPU and peak RSS of that process alone (os.wait4 in a launcher)."""
+    done = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, *command], capture_output=True, text=True, env=env, cwd=REPO, check=True
+    )
+    report = json.loads(done.stdout)
+    if report["code"]:
+        raise RuntimeError(f"{command[:3]} failed ({report['code']}):\n{report['stderr']}")
+    return Usage(report["wall"], report["cpu"], report["rss"])
 
 
 def run_alloy(config: Path, out: Path, device: str = "cpu") -> Usage:
-    return timed([sys.executable, "-m", "alloy.cli.main", "merge", str(config), str(out), "--quiet", "--device", device])
+    return timed(
+        [sys.executable, "-m", "alloy.cli.main", "merge", str(config), str(out), "--quiet", "--device", device]
+    )
 
 
 def alloy_estimates(config: Path) -> dict:

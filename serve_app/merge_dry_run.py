@@ -4,7 +4,6 @@ answered 200 with no job created (:mod:`alloy.merge.dry_run` builds it from the 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Mapping
 
 from fastapi.responses import JSONResponse
@@ -40,6 +39,5 @@ async def dry_run_response(
         workers=max(DEFAULT_WORKERS, settings.threads),
         max_in_flight=settings.max_in_flight,
         budget_bytes=DEFAULT_MAX_IN_FLIGHT_BYTES,
-        cpus=os.cpu_count(),
     )
     return JSONResponse(report.model_dump(mode="json"), status_code=200)

@@ -3,7 +3,6 @@ from the models' headers (no weight is read, nothing is written)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -17,7 +16,7 @@ def print_dry_run(recipe_file: Path, seed: int | None, limits: dict[str, int], a
 
     recipe, sources = load_recipe(recipe_file, seed)
     manifests = {m: read_manifest(model_folder(sources[m])) for m in recipe.model_ids}
-    report = dry_run(recipe, manifests, cpus=os.cpu_count(), **limits)
+    report = dry_run(recipe, manifests, **limits)
     if as_json:
         click.echo(report.model_dump_json(indent=2))
         return

@@ -8,14 +8,13 @@ The plan is the executor's own (:func:`alloy.merge.executor.prepare`), the shard
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.merge.footprint import replay_schedule
+from alloy.merge.footprint import free_cpus, replay_schedule
 from alloy.merge.plan import MergePlan, count_layers
 from alloy.merge.recipe import MergeRecipe
 from alloy.merge.tensor_io import shard_name, split_into_shards
@@ -85,7 +84,7 @@ def dry_run(
     workers: int,
     max_in_flight: int,
     budget_bytes: int,
-    cpus: int | None = None,
+    cpus: float | None = None,
 ) -> DryRunReport:
     """The report for ``recipe`` over models described by ``manifests``. INCOMPATIBLE_MODELS is the verdict,
     not an error; every other refusal (VALIDATION_FAILED, INVALID_STRATEGY...) is raised as the merge would."""
@@ -110,7 +109,7 @@ def dry_run(
         workers=workers,
         max_in_flight=max_in_flight,
         budget_bytes=budget_bytes,
-        cpus=cpus or os.cpu_count() or 1,
+        cpus=cpus if cpus is not None else free_cpus(),
     )
     disk = sum(s.bytes for s in shards)
     return DryRunReport(

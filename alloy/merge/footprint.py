@@ -10,47 +10,47 @@ estimate / measured for each method; refit them there when a kernel changes. Cal
 from __future__ import annotations
 
 import heapq
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from alloy.merge.plan import MergePlan, TensorTask
 
 # Resident bytes of a merge process before its first tensor: the interpreter, torch and Alloy's imports.
-BASE_RSS_BYTES = 330 * 1024**2
-# Float32 temporaries a kernel holds at once beyond its inputs, in units of the output tensor (measured peak
-# over one large tensor, 3 fine-tunes and a base). Methods not listed take DEFAULT_WORK_FACTOR.
+BASE_RSS_BYTES = 250 * 1024**2
+# Float32 temporaries a kernel holds at once beyond its inputs, in units of the output tensor: the peak of a
+# merge whose largest tensor runs alone, less the base, over that tensor's float32 bytes, less the inputs. The
+# executor hands kernels the inputs it read (``owned``), which most kernels reuse for their results.
 WORK_FACTOR = {
-    "linear": 2.0,
-    "task_arithmetic": 2.0,
-    "passthrough": 1.0,
-    "slerp": 2.0,
-    "ties": 3.5,
-    "breadcrumbs": 3.5,
-    "breadcrumbs_ties": 4.0,
-    "dare_linear": 5.0,
-    "dare_ties": 6.0,
-    "della": 8.0,
-    "della_linear": 8.0,
+    "linear": 0.25,
+    "task_arithmetic": 0.25,
+    "passthrough": 0.0,
+    "slerp": 1.5,
+    "ties": 0.5,
+    "breadcrumbs": 0.75,
+    "breadcrumbs_ties": 0.75,
+    "dare_linear": 1.5,
+    "dare_ties": 1.5,
+    "della": 4.0,
+    "della_linear": 4.0,
 }
-DEFAULT_WORK_FACTOR = 6.0
-# CPU nanoseconds per input element (one element of one input) of a kernel, calibrated as above.
+DEFAULT_WORK_FACTOR = 4.0
+# CPU nanoseconds per input element (one element of one input), reading and writing included.
 NS_PER_INPUT_ELEMENT = {
-    "linear": 3.0,
-    "task_arithmetic": 3.0,
-    "passthrough": 0.5,
-    "slerp": 26.0,
-    "ties": 15.0,
-    "breadcrumbs": 23.0,
-    "breadcrumbs_ties": 23.0,
-    "dare_linear": 30.0,
-    "dare_ties": 37.0,
-    "della": 73.0,
-    "della_linear": 73.0,
+    "linear": 6.0,
+    "task_arithmetic": 6.0,
+    "passthrough": 1.0,
+    "slerp": 27.0,
+    "ties": 16.5,
+    "breadcrumbs": 25.0,
+    "breadcrumbs_ties": 25.0,
+    "dare_linear": 50.0,
+    "dare_ties": 52.0,
+    "della": 84.0,
+    "della_linear": 84.0,
 }
-DEFAULT_NS_PER_INPUT_ELEMENT = 40.0
-READ_BYTES_PER_S = 1.5e9  # pread from a warm page cache into fresh buffers
-WRITE_BYTES_PER_S = 0.8e9  # pwrite into the preallocated shards, then fsync
-STARTUP_S = 3.0  # interpreter, imports, manifests, plan
+DEFAULT_NS_PER_INPUT_ELEMENT = 60.0
+STARTUP_S = 2.2  # interpreter, imports, manifests, plan (wall and CPU alike)
 
 
 def task_numel(task: TensorTask) -> int:
@@ -72,11 +72,8 @@ def working_bytes(plan: MergePlan, task: TensorTask) -> int:
 
 def compute_seconds(plan: MergePlan, task: TensorTask) -> float:
     """CPU seconds of one task: the kernel, the read of its inputs and the write of its output."""
-    numel = task_numel(task)
-    ns = NS_PER_INPUT_ELEMENT.get(plan.method.name, DEFAULT_NS_PER_INPUT_ELEMENT) if task.compute else 0.5
-    read = numel * 4 * len(task.sources) / READ_BYTES_PER_S
-    write = numel * task.dtype.itemsize / WRITE_BYTES_PER_S
-    return numel * len(task.sources) * ns * 1e-9 + read + write
+    ns = NS_PER_INPUT_ELEMENT.get(plan.method.name, DEFAULT_NS_PER_INPUT_ELEMENT) if task.compute else 1.0
+    return task_numel(task) * len(task.sources) * ns * 1e-9
 
 
 @dataclass(frozen=True)
@@ -88,11 +85,18 @@ class ScheduleEstimate:
 
 
 def replay_schedule(
-    plan: MergePlan, tasks: Sequence[TensorTask], *, workers: int, max_in_flight: int, budget_bytes: int, cpus: int
+    plan: MergePlan,
+    tasks: Sequence[TensorTask],
+    *,
+    workers: int,
+    max_in_flight: int,
+    budget_bytes: int,
+    cpus: float,
 ) -> ScheduleEstimate:
     """Replay the executor's admission rule (plan order; at most ``max_in_flight`` tasks and ``budget_bytes``
-    working bytes in flight; one task over the budget runs alone) on ``min(workers, cpus)`` cores."""
-    lanes = max(1, min(workers, max_in_flight, cpus))
+    working bytes in flight; one task over the budget runs alone) on ``min(workers, cpus)`` cores (``cpus``: the
+    cores free for the merge, see :func:`free_cpus`)."""
+    lanes = max(1, min(workers, max_in_flight, int(cpus)))
     running: list[tuple[float, int, int]] = []  # (finish time, order, working bytes)
     now = used = peak = 0.0
     cpu = 0.0
@@ -108,5 +112,12 @@ def replay_schedule(
         resident = sum(working_bytes(plan, tasks[o]) for _, o, _ in running)
         peak = max(peak, resident)
     end = max((finish for finish, _, _ in running), default=now)
+    end = max(end, cpu / lanes)  # a lane finishing early does not give the others its core
     largest = max((working_bytes(plan, t) for t in tasks), default=0)
     return ScheduleEstimate(int(BASE_RSS_BYTES + peak), STARTUP_S + end, STARTUP_S + cpu, largest)
+
+
+def free_cpus() -> float:
+    """Cores the merge can count on now: the machine's (this process's affinity), less the load already on it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1.0, cores - os.getloadavg()[0])
