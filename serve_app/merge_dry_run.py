@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Any
 
 from fastapi.responses import JSONResponse
 
@@ -15,7 +16,7 @@ from alloy.merge.recipe import MergeRecipe
 from alloy.model_manifest import ModelManifest
 from serve_app.context import ApiContext
 
-DRY_RUN_RESPONSE = {
+DRY_RUN_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
         "model": DryRunReport,
         "description": 'With "dry_run": true: the plan, the compatibility verdict and the estimates; no job',

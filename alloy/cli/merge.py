@@ -214,7 +214,10 @@ def _merge(
             device=device,
             progress=report,
             cancel=stop.cancel,
-            **limits,
+            shard_bytes=limits["shard_bytes"],
+            max_in_flight=limits["max_in_flight"],
+            max_in_flight_bytes=limits["max_in_flight_bytes"],
+            workers=limits["workers"],
         )
     finally:
         if bar is not None:

@@ -90,14 +90,18 @@ def dry_run(
     not an error; every other refusal (VALIDATION_FAILED, INVALID_STRATEGY...) is raised as the merge would."""
     from alloy.merge.executor import output_tensors, prepare  # the executor imports this module's neighbours
 
-    head = {"method": recipe.variant or recipe.strategy, "models": list(recipe.model_ids), "base_model": recipe.base}
     try:
         plan = prepare(recipe, manifests)
     except AlloyError as exc:
         if exc.code != ErrorCode.INCOMPATIBLE_MODELS:
             raise
         verdict = CompatibilityVerdict(compatible=False, code=exc.code.value, message=exc.message, details=exc.details)
-        return DryRunReport(**head, compatibility=verdict)
+        return DryRunReport(
+            method=recipe.variant or recipe.strategy,
+            models=list(recipe.model_ids),
+            base_model=recipe.base,
+            compatibility=verdict,
+        )
     layout = split_into_shards(output_tensors(plan), shard_bytes)
     shards = [
         ShardPlanView(file=shard_name(n, len(layout)), tensors=len(members), bytes=sum(t.nbytes for t in members))
@@ -153,8 +157,8 @@ def summarise_parameters(plan: MergePlan) -> list[ParameterSummary]:
             for name, value in values.items():
                 _collect(seen, name, "per_input", value)
     summaries = []
-    for (name, scope), values in seen.items():
-        ordered = sorted(values)
+    for (name, scope), found in seen.items():
+        ordered = sorted(found)
         summaries.append(
             ParameterSummary(
                 name=name,
