@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.merge.footprint import free_cpus, replay_schedule
+from alloy.merge.footprint import machine, replay_schedule
 from alloy.merge.plan import MergePlan, count_layers
 from alloy.merge.recipe import MergeRecipe
 from alloy.merge.tensor_io import shard_name, split_into_shards
@@ -84,7 +84,8 @@ def dry_run(
     workers: int,
     max_in_flight: int,
     budget_bytes: int,
-    cpus: float | None = None,
+    cpus: int | None = None,
+    load: float | None = None,
 ) -> DryRunReport:
     """The report for ``recipe`` over models described by ``manifests``. INCOMPATIBLE_MODELS is the verdict,
     not an error; every other refusal (VALIDATION_FAILED, INVALID_STRATEGY...) is raised as the merge would."""
@@ -113,7 +114,8 @@ def dry_run(
         workers=workers,
         max_in_flight=max_in_flight,
         budget_bytes=budget_bytes,
-        cpus=cpus if cpus is not None else free_cpus(),
+        cpus=cpus if cpus is not None else machine()[0],
+        load=load if load is not None else machine()[1],
     )
     disk = sum(s.bytes for s in shards)
     return DryRunReport(
@@ -137,7 +139,8 @@ def dry_run(
             cpu_seconds=round(schedule.cpu_s, 2),
             memory_budget_bytes=budget_bytes,
             largest_tensor_bytes=schedule.largest_task_bytes,
-            basis="the executor's schedule replayed with calibrated kernel throughput (alloy.merge.footprint)",
+            basis="the executor's schedule replayed with calibrated kernel throughput (alloy.merge.footprint), "
+            "on this machine's cores at its present load",
         ),
     )
 

@@ -91,12 +91,14 @@ def replay_schedule(
     workers: int,
     max_in_flight: int,
     budget_bytes: int,
-    cpus: float,
+    cpus: int,
+    load: float = 0.0,
 ) -> ScheduleEstimate:
     """Replay the executor's admission rule (plan order; at most ``max_in_flight`` tasks and ``budget_bytes``
-    working bytes in flight; one task over the budget runs alone) on ``min(workers, cpus)`` cores (``cpus``: the
-    cores free for the merge, see :func:`free_cpus`)."""
-    lanes = max(1, min(workers, max_in_flight, int(cpus)))
+    working bytes in flight; one task over the budget runs alone) on ``min(workers, cpus)`` lanes, then stretch
+    the time by the share of the ``cpus`` cores the merge gets beside ``load`` other runnable threads (the
+    scheduler's fair share: ``cpus * k / (load + k)`` cores for ``k`` threads, once the cores are oversubscribed)."""
+    lanes = max(1, min(workers, max_in_flight, cpus))
     running: list[tuple[float, int, int]] = []  # (finish time, order, working bytes)
     now = used = peak = 0.0
     cpu = 0.0
@@ -114,10 +116,18 @@ def replay_schedule(
     end = max((finish for finish, _, _ in running), default=now)
     end = max(end, cpu / lanes)  # a lane finishing early does not give the others its core
     largest = max((working_bytes(plan, t) for t in tasks), default=0)
-    return ScheduleEstimate(int(BASE_RSS_BYTES + peak), STARTUP_S + end, STARTUP_S + cpu, largest)
+    wall = STARTUP_S / cpu_share(1, cpus, load) + end * lanes / cpu_share(lanes, cpus, load)
+    return ScheduleEstimate(int(BASE_RSS_BYTES + peak), wall, STARTUP_S + cpu, largest)
 
 
-def free_cpus() -> float:
-    """Cores the merge can count on now: the machine's (this process's affinity), less the load already on it."""
+def cpu_share(threads: int, cpus: int, load: float) -> float:
+    """Cores ``threads`` busy threads get on ``cpus`` cores beside ``load`` other runnable ones."""
+    if load + threads <= cpus:
+        return float(threads)
+    return cpus * threads / (load + threads)
+
+
+def machine() -> tuple[int, float]:
+    """This process's cores (its affinity) and the load already on the machine (1-minute load average)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1.0, cores - os.getloadavg()[0])
+    return cores, os.getloadavg()[0]
