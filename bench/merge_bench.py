@@ -169,12 +169,18 @@ def alloy_estimates(config: Path) -> dict:
     return json.loads(done.stdout)["estimates"]
 
 
-def estimate_note(estimates: dict, usage: Usage) -> tuple[str, bool]:
-    """estimate / measured for peak RSS and wall time; within the issue's 25% or not."""
+def estimate_note(estimates: dict, usage: Usage, out: Path) -> tuple[str, bool]:
+    """estimate / measured for peak RSS, disk (the shards written) and wall time, each within the issue's 25% or
+    not; CPU time for information."""
     memory = estimates["peak_memory_bytes"] / usage.peak_rss
+    disk = estimates["disk_bytes"] / sum(f.stat().st_size for f in out.glob("*.safetensors"))
     wall = estimates["wall_seconds"] / usage.wall_s
-    ok = all(0.75 <= r <= 1.25 for r in (memory, wall))
-    return f"est/measured RSS {memory:.2f} wall {wall:.2f}{'' if ok else ' OUTSIDE 25%'}", ok
+    ok = all(0.75 <= r <= 1.25 for r in (memory, disk, wall))
+    cpu = estimates["cpu_seconds"] / usage.cpu_s
+    return (
+        f"est/measured RSS {memory:.2f} disk {disk:.2f} wall {wall:.2f} (CPU {cpu:.2f}){'' if ok else ' OUTSIDE 25%'}",
+        ok,
+    )
 
 
 def run_mergekit(python: Path, config: Path, out: Path) -> Usage:
@@ -302,7 +308,7 @@ def main() -> None:
             outputs[tool] = out
             note = ""
             if estimates is not None:
-                note, ok = estimate_note(estimates, usage)
+                note, ok = estimate_note(estimates, usage, out)
                 misses += not ok
             if tool == "alloy":
                 floor = floors[(scope, tool)]

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import heapq
 import os
+import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from alloy.merge.plan import MergePlan, TensorTask
 
@@ -128,6 +131,22 @@ def cpu_share(threads: int, cpus: int, load: float) -> float:
 
 
 def machine() -> tuple[int, float]:
-    """This process's cores (its affinity) and the load already on the machine (1-minute load average)."""
+    """This process's cores (its affinity) and the other threads competing for them now."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores, os.getloadavg()[0]
+    return cores, present_load()
+
+
+def present_load(samples: int = 5, interval_s: float = 0.1) -> float:
+    """Runnable threads other than this one, the median of a few instant readings of /proc/loadavg's running
+    count. Not the load average: a minute's average still counts the work that has just ended (a previous merge),
+    which would not compete with this one. Off Linux, the 1-minute load average."""
+    readings = []
+    for k in range(samples):
+        try:
+            running = Path("/proc/loadavg").read_text().split()[3].split("/")[0]
+        except (OSError, IndexError):
+            return os.getloadavg()[0]
+        readings.append(max(0, int(running) - 1))
+        if k + 1 < samples:
+            time.sleep(interval_s)
+    return float(statistics.median(readings))
