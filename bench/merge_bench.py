@@ -3,6 +3,7 @@
     python bench/merge_bench.py [--hidden 768 --intermediate 2048 --layers 4 --vocab 16000] [--tunes 3]
                                 [--shard-mb 200] [--methods ties,dare_ties,slerp,della,breadcrumbs_ties]
                                 [--mergekit /work/mkvenv/bin/python] [--no-mergekit] [--root DIR] [--keep-models]
+                                [--device cpu|cuda] [--check-estimates]
 
 Builds (offline, with a fixed seed) a base and ``--tunes`` "fine-tunes" (base + small noise) as sharded fp32
 Llama-style checkpoints. Every method is written once as a mergekit YAML recipe, and the very same file is run by
@@ -13,6 +14,11 @@ and peak RSS of that process alone. Both tools pay their interpreter start and i
 The floor of a method is ``task_arithmetic`` over the same models: it reads every input once and writes the
 output once with the least arithmetic, so ``alloy / floor`` is the price of the method's own maths. Deterministic
 methods are also compared tensor by tensor with mergekit's output (max |alloy - mergekit|).
+
+``--check-estimates`` runs ``alloy merge --dry-run --json`` before each Alloy merge and prints estimate / measured
+for peak RSS, disk and wall time (the issue's bar: within 25%). ``--device cuda`` runs Alloy's merges (floor
+included) on the GPU through the same code path; the estimates are calibrated for the CPU. mergekit is found at
+``--mergekit`` or ``$ALLOY_MERGEKIT_PYTHON``. The table ends with each method's ratios to the floor and to mergekit.
 
 The default size runs in about two minutes on 2 shared vCPUs; the issue's size is ``--hidden 2048
 --intermediate 5632 --layers 4 --vocab 32000`` (1.34 GB per model).
