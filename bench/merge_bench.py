@@ -3,6 +3,7 @@
     python bench/merge_bench.py [--hidden 768 --intermediate 2048 --layers 4 --vocab 16000] [--tunes 3]
                                 [--shard-mb 200] [--methods ties,dare_ties,slerp,della,breadcrumbs_ties]
                                 [--mergekit /work/mkvenv/bin/python] [--no-mergekit] [--root DIR] [--keep-models]
+                                [--device cpu|cuda] [--check-estimates]
 
 Builds (offline, with a fixed seed) a base and ``--tunes`` "fine-tunes" (base + small noise) as sharded fp32
 Llama-style checkpoints. Every method is written once as a mergekit YAML recipe, and the very same file is run by
@@ -13,6 +14,11 @@ and peak RSS of that process alone. Both tools pay their interpreter start and i
 The floor of a method is ``task_arithmetic`` over the same models: it reads every input once and writes the
 output once with the least arithmetic, so ``alloy / floor`` is the price of the method's own maths. Deterministic
 methods are also compared tensor by tensor with mergekit's output (max |alloy - mergekit|).
+
+``--check-estimates`` runs ``alloy merge --dry-run --json`` before each Alloy merge and prints estimate / measured
+for peak RSS, disk and wall time (the issue's bar: within 25%). ``--device cuda`` runs Alloy's merges (floor
+included) on the GPU through the same code path; the estimates are calibrated for the CPU. mergekit is found at
+``--mergekit`` or ``$ALLOY_MERGEKIT_PYTHON``. The table ends with each method's ratios to the floor and to mergekit.
 
 The default size runs in about two minutes on 2 shared vCPUs; the issue's size is ``--hidden 2048
 --intermediate 5632 --layers 4 --vocab 32000`` (1.34 GB per model).
@@ -30,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MERGEKIT_PYTHON = Path("/work/mkvenv/bin/python")
+DEFAULT_MERGEKIT_PYTHON = Path(os.environ.get("ALLOY_MERGEKIT_PYTHON", "/work/mkvenv/bin/python"))
 REPO = Path(__file__).resolve().parent.parent
 # method -> (models used: all tunes or one, parameters of each non-base model, global parameters)
 METHODS = {
@@ -129,21 +135,58 @@ def recipe_yaml(method: str, folders: list[Path]) -> str:
 # --- runs --------------------------------------------------------------------------------------------------------
 
 
+# Runs each measured command from a fresh, small Python. Linux carries the forking process's high-water RSS into
+# the child's ru_maxrss across exec (vfork shares the memory map until exec), so a child spawned straight from
+# this bench, which holds models in memory while it builds and compares them, would report the bench's own peak.
+# The launcher's own resident set (about 10 MB) is the only thing that leaks into the figure.
+LAUNCHER = """
+import json, os, subprocess, sys, time
+started = time.perf_counter()
+process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+stderr = process.stderr.read()
+_, status, usage = os.wait4(process.pid, 0)
+print(json.dumps({"code": os.waitstatus_to_exitcode(status), "wall": time.perf_counter() - started,
+                  "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024,
+                  "stderr": stderr.decode(errors="replace")[-3000:]}))
+"""
+
+
 def timed(command: list[str], env: dict | None = None) -> Usage:
-    """Run ``command`` in its own process; wall, CPU and peak RSS of that process alone (os.wait4)."""
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
-    stderr = process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - started
-    if process.returncode:
-        raise RuntimeError(f"{command[:3]} failed ({process.returncode}):\n{stderr.decode()[-3000:]}")
-    return Usage(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+    """Run ``command`` in its own process; wall, CPU and peak RSS of that process alone (os.wait4 in a launcher)."""
+    done = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, *command], capture_output=True, text=True, env=env, cwd=REPO, check=True
+    )
+    report = json.loads(done.stdout)
+    if report["code"]:
+        raise RuntimeError(f"{command[:3]} failed ({report['code']}):\n{report['stderr']}")
+    return Usage(report["wall"], report["cpu"], report["rss"])
 
 
-def run_alloy(config: Path, out: Path) -> Usage:
-    return timed([sys.executable, "-m", "alloy.cli.main", "merge", str(config), str(out), "--quiet"])
+def run_alloy(config: Path, out: Path, device: str = "cpu") -> Usage:
+    return timed(
+        [sys.executable, "-m", "alloy.cli.main", "merge", str(config), str(out), "--quiet", "--device", device]
+    )
+
+
+def alloy_estimates(config: Path) -> dict:
+    """``alloy merge --dry-run --json``'s estimates for the recipe (headers only)."""
+    command = [sys.executable, "-m", "alloy.cli.main", "merge", "--dry-run", "--json", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=True)
+    return json.loads(done.stdout)["estimates"]
+
+
+def estimate_note(estimates: dict, usage: Usage, out: Path) -> tuple[str, bool]:
+    """estimate / measured for peak RSS, disk (the shards written) and wall time, each within the issue's 25% or
+    not; CPU time for information."""
+    memory = estimates["peak_memory_bytes"] / usage.peak_rss
+    disk = estimates["disk_bytes"] / sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    wall = estimates["wall_seconds"] / usage.wall_s
+    ok = all(0.75 <= r <= 1.25 for r in (memory, disk, wall))
+    cpu = estimates["cpu_seconds"] / usage.cpu_s
+    return (
+        f"est/measured RSS {memory:.2f} disk {disk:.2f} wall {wall:.2f} (CPU {cpu:.2f}){'' if ok else ' OUTSIDE 25%'}",
+        ok,
+    )
 
 
 def run_mergekit(python: Path, config: Path, out: Path) -> Usage:
@@ -221,6 +264,10 @@ def main() -> None:
     parser.add_argument("--mergekit", help="mergekit's Python (its mergekit-yaml sits beside it)")
     parser.add_argument("--no-mergekit", action="store_true")
     parser.add_argument("--keep-models", action="store_true")
+    parser.add_argument("--device", default="cpu", help="alloy merge --device (cpu, cuda): the same code path")
+    parser.add_argument(
+        "--check-estimates", action="store_true", help="compare each Alloy run with its dry run's estimates"
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -243,6 +290,8 @@ def main() -> None:
         flush=True,
     )
     floors: dict[tuple[str, str], Usage] = {}
+    summary: dict[str, dict[str, float]] = {}
+    misses = 0
     for method in args.methods.split(","):
         scope = METHODS[method][0]
         for tool in ("alloy", "mergekit") if python else ("alloy",):
@@ -250,7 +299,7 @@ def main() -> None:
                 floor_config = args.root / f"floor-{scope}.yml"
                 floor_yaml = recipe_yaml("task_arithmetic", folders if scope == "all" else folders[:2])
                 floor_config.write_text(floor_yaml)
-                floors[(scope, tool)] = run_one(tool, python, floor_config, args.root, folders)
+                floors[(scope, tool)] = run_one(tool, python, floor_config, args.root, folders, args.device)
                 floor = floors[(scope, tool)]
                 print(row(f"floor:{scope}", tool, floor, floor), flush=True)
         config = args.root / f"{method}.yml"
@@ -259,13 +308,28 @@ def main() -> None:
         for tool in ("alloy", "mergekit") if python else ("alloy",):
             out = args.root / f"out-{method}-{tool}"
             shutil.rmtree(out, ignore_errors=True)
+            estimates = alloy_estimates(config) if tool == "alloy" and args.check_estimates else None
             warm_page_cache(folders)
-            usage = run_alloy(config, out) if tool == "alloy" else run_mergekit(python, config, out)
+            usage = run_alloy(config, out, args.device) if tool == "alloy" else run_mergekit(python, config, out)
             outputs[tool] = out
             note = ""
+            if estimates is not None:
+                note, ok = estimate_note(estimates, usage, out)
+                misses += not ok
+            if tool == "alloy":
+                floor = floors[(scope, tool)]
+                summary[method] = {"wall/TA": usage.wall_s / floor.wall_s, "cpu/TA": usage.cpu_s / floor.cpu_s}
             if tool == "mergekit":
                 alloy_usage = outputs["alloy_usage"]
-                note = f"alloy/mergekit wall {alloy_usage.wall_s / usage.wall_s:.2f}x RSS {alloy_usage.peak_rss / usage.peak_rss:.2f}x"
+                summary[method] |= {
+                    "wall/mk": alloy_usage.wall_s / usage.wall_s,
+                    "cpu/mk": alloy_usage.cpu_s / usage.cpu_s,
+                    "RSS/mk": alloy_usage.peak_rss / usage.peak_rss,
+                }
+                note = (
+                    f"alloy/mergekit wall {alloy_usage.wall_s / usage.wall_s:.2f}x "
+                    f"CPU {alloy_usage.cpu_s / usage.cpu_s:.2f}x RSS {alloy_usage.peak_rss / usage.peak_rss:.2f}x"
+                )
                 if method not in RANDOM:
                     note += f", max|alloy-mergekit| {max_abs_diff(outputs['alloy'], out):.1e}"
             outputs["alloy_usage" if tool == "alloy" else "mergekit_usage"] = usage
@@ -273,17 +337,26 @@ def main() -> None:
         for key in ("alloy", "mergekit"):
             if key in outputs:
                 shutil.rmtree(outputs[key], ignore_errors=True)
+    print("\nAlloy ratios (TA: Alloy's task-arithmetic floor; mk: mergekit on the same recipe)")
+    columns = ("wall/TA", "cpu/TA", "wall/mk", "cpu/mk", "RSS/mk")
+    print(f"{'method':17s}" + "".join(f"{c:>9s}" for c in columns))
+    for method, ratios in summary.items():
+        print(f"{method:17s}" + "".join(f"{ratios[c]:9.2f}" if c in ratios else f"{'-':>9s}" for c in columns))
+    if args.check_estimates:
+        print(f"dry-run estimates outside 25%: {misses}")
     load = os.getloadavg()
     print(f"done in {time.perf_counter() - started:.0f}s; load at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if not args.keep_models:
         shutil.rmtree(args.root, ignore_errors=True)
 
 
-def run_one(tool: str, python: Path | None, config: Path, root: Path, folders: list[Path]) -> Usage:
+def run_one(
+    tool: str, python: Path | None, config: Path, root: Path, folders: list[Path], device: str = "cpu"
+) -> Usage:
     out = root / f"out-floor-{tool}"
     shutil.rmtree(out, ignore_errors=True)
     warm_page_cache(folders)
-    usage = run_alloy(config, out) if tool == "alloy" else run_mergekit(python, config, out)
+    usage = run_alloy(config, out, device) if tool == "alloy" else run_mergekit(python, config, out)
     shutil.rmtree(out, ignore_errors=True)
     return usage
 

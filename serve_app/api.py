@@ -28,6 +28,7 @@ from deployments._calls import call
 from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context
 from serve_app.errors import install_error_handlers
+from serve_app.merge_dry_run import DRY_RUN_RESPONSE, dry_run_response
 from serve_app.metrics import ApiMetrics, MetricsMiddleware
 from serve_app.routes_events import router as events_router
 from serve_app.routes_evolutions import router as evolutions_router
@@ -91,10 +92,11 @@ async def list_methods() -> list[dict[str, Any]]:
     "/merge/execute",
     status_code=202,
     response_model=s.JobAccepted,
+    responses=DRY_RUN_RESPONSE,
     dependencies=_scope("write"),
-    summary="Start an asynchronous merge job",
+    summary="Start an asynchronous merge job (or, with dry_run, plan it: 200, no job)",
 )
-async def execute_merge(body: s.MergeRequest, request: Request, response: Response) -> s.JobAccepted:
+async def execute_merge(body: s.MergeRequest, request: Request, response: Response) -> Any:
     ctx = api_context(request)
     ctx.require_gpu_capacity()
     recipe = body.recipe()  # INVALID_STRATEGY / VALIDATION_FAILED before touching anything
@@ -103,6 +105,8 @@ async def execute_merge(body: s.MergeRequest, request: Request, response: Respon
         call(registry, "manifests", recipe.model_ids),  # MODEL_NOT_FOUND
         call(registry, "exists", body.output_model_id),
     )
+    if body.dry_run:
+        return await dry_run_response(ctx, body, recipe, manifests, taken)
     # The early, advisory answers (the claim below is the one that counts): 409 for a taken output id, then
     # everything the manifests can tell (shapes, slice ranges).
     check_merge_inputs(body, recipe, output_taken_now=taken, manifests=manifests)

@@ -87,7 +87,7 @@ class StopOnSignal:
 
 @click.command("merge")
 @click.argument("recipe_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.argument("out_dir", type=click.Path(path_type=Path), required=False)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--seed", type=int, default=None, help="Seed for DARE and stochastic TIES (overrides the recipe's)")
 @click.option(
@@ -100,24 +100,52 @@ class StopOnSignal:
 )
 @click.option("--max-in-flight", type=int, default=4, show_default=True, help="Tensors merged at once, at most")
 @click.option("--workers", type=int, default=2, show_default=True, help="Merge threads")
+@click.option(
+    "--max-memory",
+    "max_in_flight_bytes",
+    type=click.IntRange(min=1),
+    default=512 * 1024**2,
+    show_default=True,
+    help="Working bytes of the tensors merged at once (the peak is about this plus the process's base)",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar")
+@click.option("--dry-run", is_flag=True, help="Print the plan and its estimated cost; read no weight, write nothing")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the report as JSON")
 def merge(
     recipe_file: Path,
-    out_dir: Path,
+    out_dir: Path | None,
     device: str,
     seed: int | None,
     shard_bytes: int,
     max_in_flight: int,
     workers: int,
+    max_in_flight_bytes: int,
     quiet: bool,
+    dry_run: bool,
+    as_json: bool,
 ) -> None:
-    """Merge the models of RECIPE_FILE (Alloy or mergekit YAML) into the new folder OUT_DIR.
+    """Merge the models of RECIPE_FILE (Alloy or mergekit YAML) into the new folder OUT_DIR; with --dry-run
+    (no OUT_DIR needed), print the resolved plan, the compatibility verdict and the estimated peak memory, disk
+    and wall time instead.
 
     Free disk space is checked first (INSUFFICIENT_STORAGE); SIGINT or SIGTERM cancels and leaves nothing
     behind. Errors print as ``Error: CODE: message`` with a non-zero exit status."""
+    if dry_run:
+        from alloy.cli.merge_dry_run import print_dry_run
+
+        limits = {"shard_bytes": shard_bytes, "max_in_flight": max_in_flight, "workers": workers}
+        try:
+            print_dry_run(recipe_file, seed, limits | {"budget_bytes": max_in_flight_bytes}, as_json)
+        except AlloyError as exc:
+            raise failed(exc.code, exc.message + (f" {exc.details}" if exc.details else "")) from None
+        return
+    if out_dir is None:
+        raise click.UsageError("OUT_DIR is required (unless --dry-run)")
+    limits = {"shard_bytes": shard_bytes, "max_in_flight": max_in_flight, "workers": workers}
+    limits["max_in_flight_bytes"] = max_in_flight_bytes
     with StopOnSignal() as stop:
         try:
-            result = _merge(recipe_file, out_dir, device, seed, shard_bytes, max_in_flight, workers, quiet, stop)
+            result = _merge(recipe_file, out_dir, device, seed, limits, quiet, stop)
         except click.ClickException:
             raise
         except AlloyError as exc:
@@ -139,14 +167,23 @@ def merge(
     )
 
 
+def load_recipe(recipe_file: Path, seed: int | None):
+    """The recipe of RECIPE_FILE (``--seed`` applied) and its models' local sources."""
+    from alloy.merge.mergekit import load_recipe_yaml
+
+    recipe = load_recipe_yaml(recipe_file.read_text())
+    if seed is not None:
+        recipe = recipe.model_copy(update={"seed": seed})
+    named = recipe.model_ids + (recipe.tokenizer.models_named() if recipe.tokenizer else [])
+    return recipe, {m: resolve_source(m, recipe_file.parent) for m in dict.fromkeys(named)}
+
+
 def _merge(
     recipe_file: Path,
     out_dir: Path,
     device: str,
     seed: int | None,
-    shard_bytes: int,
-    max_in_flight: int,
-    workers: int,
+    limits: dict[str, int],
     quiet: bool,
     stop: StopOnSignal,
 ):
@@ -154,13 +191,8 @@ def _merge(
     from tqdm import tqdm
 
     from alloy.merge.executor import execute_merge
-    from alloy.merge.mergekit import load_recipe_yaml
 
-    recipe = load_recipe_yaml(recipe_file.read_text())
-    if seed is not None:
-        recipe = recipe.model_copy(update={"seed": seed})
-    named = recipe.model_ids + (recipe.tokenizer.models_named() if recipe.tokenizer else [])
-    sources = {m: resolve_source(m, recipe_file.parent) for m in dict.fromkeys(named)}
+    recipe, sources = load_recipe(recipe_file, seed)
     if out_dir.exists():
         raise AlloyError(ErrorCode.ALREADY_EXISTS, f"{out_dir} already exists", {"path": str(out_dir)})
     need = SpaceNeed(out_dir.absolute().parent, merge_output_bytes(recipe, sources), "the output folder")
@@ -184,9 +216,10 @@ def _merge(
             device=device,
             progress=report,
             cancel=stop.cancel,
-            shard_bytes=shard_bytes,
-            max_in_flight=max_in_flight,
-            workers=workers,
+            shard_bytes=limits["shard_bytes"],
+            max_in_flight=limits["max_in_flight"],
+            max_in_flight_bytes=limits["max_in_flight_bytes"],
+            workers=limits["workers"],
         )
     finally:
         if bar is not None:

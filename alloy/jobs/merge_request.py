@@ -173,6 +173,12 @@ class MergeRequest(BaseModel):
         "tokenizer settings or LoRA inputs runs in one process",
     )
 
+    dry_run: bool = Field(
+        False,
+        description="Answer 200 with the resolved plan, the compatibility verdict and the estimated peak memory, "
+        "disk and wall time (a DryRunReport); no job is created",
+    )
+
     @model_validator(mode="after")
     def _fanout_without_evaluate(self) -> MergeRequest:
         if self.parallelism and self.parallelism > 1 and self.evaluate is not None:
@@ -180,7 +186,7 @@ class MergeRequest(BaseModel):
         return self
 
     def recipe(self) -> MergeRecipe:
-        fields = self.model_dump(exclude={"output_model_id", "evaluate", "parallelism"}, exclude_none=True)
+        fields = self.model_dump(exclude={"output_model_id", "evaluate", "parallelism", "dry_run"}, exclude_none=True)
         return validate_recipe(MergeRecipe.from_request_fields(**fields))
 
 

@@ -1,13 +1,15 @@
 """The streaming merge executor.
 
 Tensors are read lazily (``pread``, no memory map), merged by a small thread pool with a bounded number of tensors
-and input bytes in flight, and written straight into preallocated shards. The merged folder is assembled in a
+and working bytes in flight (:func:`alloy.merge.footprint.working_bytes`: inputs plus the kernel's temporaries,
+so that the peak resident set is the process's base plus the budget, or plus the one task larger than it), and written straight into preallocated shards. The merged folder is assembled in a
 hidden staging sibling of ``out_dir`` and renamed into place only when complete: a failure or a cancel leaves
 nothing at ``out_dir`` and no staging folder behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import shutil
 import threading
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found
 from alloy.merge.compatibility import check_compatibility, check_layouts
+from alloy.merge.footprint import working_bytes
 from alloy.merge.lora import LoraSource, TensorReader, model_folder, open_readers
 from alloy.merge.output_files import copy_base_files, write_config, write_model_card, write_recipe_files
 from alloy.merge.plan import MergePlan, TensorTask, build_plan, layout_from_manifest, layout_from_state_dict
@@ -45,9 +48,11 @@ __all__ = [
 
 DEFAULT_SHARD_BYTES = 2 * 1024**3
 DEFAULT_MAX_IN_FLIGHT = 4
-DEFAULT_MAX_IN_FLIGHT_BYTES = 1024**3  # float32 input bytes of the tensors being merged at once
+DEFAULT_MAX_IN_FLIGHT_BYTES = 512 * 1024**2  # working bytes (footprint.working_bytes) of the tasks in flight
 DEFAULT_WORKERS = 2
 CANCEL_POLL_S = 0.1
+MMAP_THRESHOLD_BYTES = 1024**2  # glibc: blocks this large come from mmap and go back to the OS when freed
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
 class MergeCancelled(RuntimeError):
@@ -96,6 +101,18 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
+def fix_mmap_threshold() -> None:
+    """Pin glibc's mmap threshold. By default it grows to the largest block freed so far (up to 32 MiB), after
+    which tensors of that size come from the heap and their pages stay resident after they are freed: the peak
+    resident set then depends on the order tensors were freed in, not on the budget. Pinned, every tensor buffer
+    is its own map, returned when freed. Nothing happens off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass
+
+
 def prepare(recipe: MergeRecipe, manifests: Mapping[str, ModelManifest], rows: RowPlanner | None = None) -> MergePlan:
     """Validate the recipe, check compatibility from the manifests and plan the output tensors (``rows``: the
     embedding rows' alignment to an output vocabulary)."""
@@ -136,6 +153,7 @@ def execute_merge(
     tokenizer = prepare_tokenizer(recipe, {m: model_folder(source) for m, source in sources.items()})
     plan = prepare(recipe, manifests, tokenizer.rows if tokenizer else None)
 
+    fix_mmap_threshold()
     readers = open_readers(list(plan.model_ids), sources, manifests)  # adapters are checked here, before any write
     staging = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:12]}"
     try:
@@ -211,9 +229,10 @@ def _run_tasks(
     workers: int,
     out_dir: Path,
 ) -> None:
-    """Submit tasks in plan order while fewer than ``max_in_flight`` tasks and ``max_in_flight_bytes`` input
+    """Submit tasks in plan order while fewer than ``max_in_flight`` tasks and ``max_in_flight_bytes`` working
     bytes are in flight (a task larger than the byte budget runs alone); report each completion in order of
-    completion from this thread."""
+    completion from this thread. :func:`alloy.merge.footprint.replay_schedule` replays this rule: keep them
+    in step."""
     total = len(plan.tasks)
     done = 0
     bytes_done = 0
@@ -260,7 +279,7 @@ def _run_tasks(
     pool = ThreadPoolExecutor(max_workers=max(1, min(workers, max_in_flight)), thread_name_prefix="alloy-merge")
     try:
         for task in plan.tasks:
-            cost = min(task.input_bytes, max_in_flight_bytes)
+            cost = min(working_bytes(plan, task), max_in_flight_bytes)
             while in_flight and (len(in_flight) >= max_in_flight or budget_used + cost > max_in_flight_bytes):
                 collect(block_until_one=True)
             if cancel is not None and cancel.is_set():

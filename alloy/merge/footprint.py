@@ -1,0 +1,152 @@
+"""What a merge costs, from its plan alone: the working bytes of each tensor task (the executor's in-flight budget
+counts these), and a replay of the executor's schedule that gives the peak memory and the wall time a dry run
+reports. One model for both, so that what the dry run promises is what the executor enforces.
+
+The constants are calibrated, not derived: ``bench/merge_bench.py --check-estimates`` runs real merges and prints
+estimate / measured for each method; refit them there when a kernel changes. Calibrated on 2 shared vCPUs
+(x86-64, torch CPU), fp32 inputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from alloy.merge.plan import MergePlan, TensorTask
+
+# Resident bytes of a merge process before its first tensor: the interpreter, torch and Alloy's imports.
+BASE_RSS_BYTES = 250 * 1024**2
+# Float32 temporaries a kernel holds at once beyond its inputs, in units of the output tensor: the peak of a
+# merge whose largest tensor runs alone, less the base, over that tensor's float32 bytes, less the inputs. The
+# executor hands kernels the inputs it read (``owned``), which most kernels reuse for their results.
+WORK_FACTOR = {
+    "linear": 0.25,
+    "task_arithmetic": 0.25,
+    "passthrough": 0.0,
+    "slerp": 1.5,
+    "ties": 0.5,
+    "breadcrumbs": 0.75,
+    "breadcrumbs_ties": 0.75,
+    "dare_linear": 1.5,
+    "dare_ties": 1.5,
+    "della": 4.0,
+    "della_linear": 4.0,
+}
+DEFAULT_WORK_FACTOR = 4.0
+# CPU nanoseconds per input element (one element of one input), reading and writing included.
+NS_PER_INPUT_ELEMENT = {
+    "linear": 6.0,
+    "task_arithmetic": 6.0,
+    "passthrough": 1.0,
+    "slerp": 27.0,
+    "ties": 16.5,
+    "breadcrumbs": 25.0,
+    "breadcrumbs_ties": 25.0,
+    "dare_linear": 50.0,
+    "dare_ties": 52.0,
+    "della": 84.0,
+    "della_linear": 84.0,
+}
+DEFAULT_NS_PER_INPUT_ELEMENT = 60.0
+STARTUP_S = 2.2  # interpreter, imports, manifests, plan (wall and CPU alike)
+
+
+def task_numel(task: TensorTask) -> int:
+    count = 1
+    for size in task.shape:
+        count *= size
+    return count
+
+
+def working_bytes(plan: MergePlan, task: TensorTask) -> int:
+    """Bytes resident while ``task`` runs: its inputs as float32 plus the kernel's temporaries (a copied tensor:
+    the input and its converted copy)."""
+    numel = task_numel(task)
+    if not task.compute:
+        return 2 * numel * max(task.dtype.itemsize, 1)
+    factor = WORK_FACTOR.get(plan.method.name, DEFAULT_WORK_FACTOR)
+    return int(numel * 4 * (len(task.sources) + factor))
+
+
+def compute_seconds(plan: MergePlan, task: TensorTask) -> float:
+    """CPU seconds of one task: the kernel, the read of its inputs and the write of its output."""
+    ns = NS_PER_INPUT_ELEMENT.get(plan.method.name, DEFAULT_NS_PER_INPUT_ELEMENT) if task.compute else 1.0
+    return task_numel(task) * len(task.sources) * ns * 1e-9
+
+
+@dataclass(frozen=True)
+class ScheduleEstimate:
+    peak_bytes: int  # resident set at its largest (the process's base included)
+    wall_s: float
+    cpu_s: float
+    largest_task_bytes: int  # a task over the budget runs alone: the floor of any budget
+
+
+def replay_schedule(
+    plan: MergePlan,
+    tasks: Sequence[TensorTask],
+    *,
+    workers: int,
+    max_in_flight: int,
+    budget_bytes: int,
+    cpus: int,
+    load: float = 0.0,
+) -> ScheduleEstimate:
+    """Replay the executor's admission rule (plan order; at most ``max_in_flight`` tasks and ``budget_bytes``
+    working bytes in flight; one task over the budget runs alone) on ``min(workers, cpus)`` lanes, then stretch
+    the time by the share of the ``cpus`` cores the merge gets beside ``load`` other runnable threads (the
+    scheduler's fair share: ``cpus * k / (load + k)`` cores for ``k`` threads, once the cores are oversubscribed)."""
+    lanes = max(1, min(workers, max_in_flight, cpus))
+    running: list[tuple[float, int, int]] = []  # (finish time, order, working bytes)
+    now = used = peak = 0.0
+    cpu = 0.0
+    for order, task in enumerate(tasks):
+        cost = min(working_bytes(plan, task), budget_bytes)
+        while running and (len(running) >= lanes or used + cost > budget_bytes):
+            now, _, freed = heapq.heappop(running)
+            used -= freed
+        seconds = compute_seconds(plan, task)
+        cpu += seconds
+        heapq.heappush(running, (now + seconds, order, cost))
+        used += cost
+        resident = sum(working_bytes(plan, tasks[o]) for _, o, _ in running)
+        peak = max(peak, resident)
+    end = max((finish for finish, _, _ in running), default=now)
+    end = max(end, cpu / lanes)  # a lane finishing early does not give the others its core
+    largest = max((working_bytes(plan, t) for t in tasks), default=0)
+    wall = STARTUP_S / cpu_share(1, cpus, load) + end * lanes / cpu_share(lanes, cpus, load)
+    return ScheduleEstimate(int(BASE_RSS_BYTES + peak), wall, STARTUP_S + cpu, largest)
+
+
+def cpu_share(threads: int, cpus: int, load: float) -> float:
+    """Cores ``threads`` busy threads get on ``cpus`` cores beside ``load`` other runnable ones."""
+    if load + threads <= cpus:
+        return float(threads)
+    return cpus * threads / (load + threads)
+
+
+def machine() -> tuple[int, float]:
+    """This process's cores (its affinity) and the other threads competing for them now."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores, present_load()
+
+
+def present_load(samples: int = 5, interval_s: float = 0.1) -> float:
+    """Runnable threads other than this one, the median of a few instant readings of /proc/loadavg's running
+    count. Not the load average: a minute's average still counts the work that has just ended (a previous merge),
+    which would not compete with this one. Off Linux, the 1-minute load average."""
+    readings = []
+    for k in range(samples):
+        try:
+            running = Path("/proc/loadavg").read_text().split()[3].split("/")[0]
+        except (OSError, IndexError):
+            return os.getloadavg()[0]
+        readings.append(max(0, int(running) - 1))
+        if k + 1 < samples:
+            time.sleep(interval_s)
+    return float(statistics.median(readings))

@@ -1,0 +1,104 @@
+"""The pre-flight dry run: the executor's own plan and shard layout, parameters as the merge resolves them, the
+compatibility verdict instead of an error, estimates from the executor's schedule; the CLI reads no weight and
+writes nothing; the executor's in-flight budget counts working bytes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from alloy.errors import AlloyError
+from alloy.merge.dry_run import dry_run
+from alloy.merge.executor import execute_merge, prepare
+from alloy.merge.footprint import BASE_RSS_BYTES, replay_schedule, working_bytes
+from alloy.merge.recipe import MergeRecipe
+from alloy.model_manifest import read_manifest
+
+LIMITS = {"shard_bytes": 20_000, "workers": 2, "max_in_flight": 4, "budget_bytes": 512 * 1024**2}
+
+
+def ties_recipe(base, tunes, **changes) -> MergeRecipe:
+    fields = {
+        "models": [str(base), *map(str, tunes)],
+        "strategy": "ties",
+        "base_model": str(base),
+        "parameters": {"density": 0.5},
+        **changes,
+    }
+    return MergeRecipe.from_request_fields(**fields)
+
+
+@pytest.fixture
+def family(tiny_family):
+    base, tunes = tiny_family
+    return base, tunes[:2]
+
+
+def manifests_of(recipe: MergeRecipe) -> dict:
+    return {m: read_manifest(m) for m in recipe.model_ids}
+
+
+def test_the_plan_and_shards_are_what_the_merge_writes(family, tmp_path):
+    base, tunes = family
+    recipe = ties_recipe(base, tunes, parameters={"density": [0.2, 0.8], "weight": 1.0})
+    report = dry_run(recipe, manifests_of(recipe), **LIMITS)
+    result = execute_merge(recipe, {m: m for m in recipe.model_ids}, tmp_path / "out", shard_bytes=20_000)
+    written = sorted(p.name for p in (tmp_path / "out").glob("*.safetensors"))
+    assert report.compatibility.compatible
+    assert report.tensors == result.tensors
+    assert [s.file for s in report.shards] == written
+    assert report.estimates is not None and report.estimates.disk_bytes == result.bytes
+    assert report.output_layers == 2
+    density = next(p for p in report.parameters if p.name == "density")
+    assert density.scope == "per_input" and density.min == 0.2 and density.max == 0.8  # the gradient, resolved
+    assert report.estimates.peak_memory_bytes >= BASE_RSS_BYTES
+
+
+def test_incompatible_models_are_a_verdict_not_an_error(tiny_model_factory):
+    a = tiny_model_factory("llama", seed=0)
+    b = tiny_model_factory("llama", seed=0, hidden=64)
+    recipe = ties_recipe(a, [b])
+    report = dry_run(recipe, manifests_of(recipe), **LIMITS)
+    assert not report.compatibility.compatible
+    assert report.compatibility.code == "INCOMPATIBLE_MODELS"
+    assert report.shards == [] and report.estimates is None
+
+
+def test_a_bad_parameter_is_still_refused(family):
+    base, tunes = family
+    with pytest.raises(AlloyError) as caught:
+        dry_run(ties_recipe(base, tunes, parameters={"density": 3.0}), manifests_of(ties_recipe(base, tunes)), **LIMITS)
+    assert caught.value.code.value == "VALIDATION_FAILED"
+
+
+def test_the_replayed_peak_follows_the_budget(family):
+    base, tunes = family
+    recipe = ties_recipe(base, tunes)
+    plan = prepare(recipe, manifests_of(recipe))
+    largest = max(working_bytes(plan, t) for t in plan.tasks)
+    alone = replay_schedule(plan, plan.tasks, workers=2, max_in_flight=4, budget_bytes=1, cpus=2)
+    wide = replay_schedule(plan, plan.tasks, workers=2, max_in_flight=4, budget_bytes=10**12, cpus=2)
+    assert alone.peak_bytes == BASE_RSS_BYTES + largest  # one task at a time
+    assert alone.peak_bytes <= wide.peak_bytes <= BASE_RSS_BYTES + 2 * largest  # two lanes
+
+
+def test_cli_dry_run_prints_the_plan_and_writes_nothing(family, tmp_path):
+    from alloy.cli.merge import merge
+
+    base, tunes = family
+    recipe_file = tmp_path / "ties.yml"
+    lines = [f"merge_method: ties\nbase_model: {base}\nmodels:\n  - model: {base}"]
+    lines += [f"  - model: {t}\n    parameters: {{weight: 1.0, density: 0.5}}" for t in tunes]
+    recipe_file.write_text("\n".join(lines) + "\ndtype: float32\n")
+    result = CliRunner().invoke(merge, ["--dry-run", "--json", str(recipe_file)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["compatibility"]["compatible"] and report["method"] == "ties"
+    assert report["estimates"]["peak_memory_bytes"] > 0 and report["shards"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ties.yml"]
+    text = CliRunner().invoke(merge, ["--dry-run", str(recipe_file)])
+    assert text.exit_code == 0 and "estimates: peak memory" in text.output
+    missing = CliRunner().invoke(merge, [str(recipe_file)])
+    assert missing.exit_code != 0 and "OUT_DIR is required" in missing.output
