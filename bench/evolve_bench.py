@@ -1,9 +1,9 @@
 """Evolution benchmark: the evolved recipe vs every parent vs the best grid-searched TIES and task arithmetic on
 the held-out test average, candidate throughput, and the orchestration overhead of one candidate.
 
-    nice python bench/evolve_bench.py --preset encoder-5task --population 6 --generations 4 \
+    nice python -m bench.evolve_bench --preset encoder-5task --population 6 --generations 4 \
         --kind pbt --kind random --seed 0 --seed 1 --seed 2 --json bench/out/evolve-encoder-5task.json
-    python bench/evolve_bench.py --preset tiny          # seconds; a smoke run
+    python -m bench.evolve_bench --preset tiny          # seconds; a smoke run
 
 Protocol: the model zoo is fixed (the preset), the search is seeded: every ``--kind`` runs once per ``--seed``
 with the same genome and the same candidate budget (population x generations of ``--config``), so ``random`` is

@@ -5,7 +5,7 @@ database, creates one job, then polls GET /jobs/{id} with the same concurrency a
 p50/p99 latency, throughput and the Serve/plain ratio. The plain app is ``serve_app.api.create_api`` (same routes,
 same security middleware, same JobStore read) served by uvicorn in this process.
 
-    python bench/http_bench.py --requests 600 --concurrency 8 --rounds 3
+    python -m bench.http_bench --requests 600 --concurrency 8 --rounds 3
 
 The two servers are polled alternately, ``--rounds`` times each (a shared machine's load drifts: a ratio is only
 fair between measurements taken side by side); the table gives the medians over the rounds and every round's

@@ -1,6 +1,6 @@
 """What verifying a model's sha256 before a merge reads it costs, on one ~500 MB model, in one run.
 
-    python bench/integrity_bench.py [--hidden 1024 --layers 8 --vocab 32000] [--root DIR] [--keep]
+    python -m bench.integrity_bench [--hidden 1024 --layers 8 --vocab 32000] [--root DIR] [--keep]
 
 Builds (offline, fixed seeds) a base and one "fine-tune" (~500 MB of fp32 safetensors each with the defaults),
 registers both in place (files hashed once at registration) and measures, in this process:

@@ -1,6 +1,6 @@
 """Merge benchmark: Alloy against its own task-arithmetic floor and against mergekit 0.1.5, same inputs, one run.
 
-    python bench/merge_bench.py [--hidden 768 --intermediate 2048 --layers 4 --vocab 16000] [--tunes 3]
+    python -m bench.merge_bench [--hidden 768 --intermediate 2048 --layers 4 --vocab 16000] [--tunes 3]
                                 [--shard-mb 200] [--methods ties,dare_ties,slerp,della,breadcrumbs_ties]
                                 [--mergekit /work/mkvenv/bin/python] [--no-mergekit] [--root DIR] [--keep-models]
                                 [--device cpu|cuda] [--check-estimates]

@@ -5,7 +5,7 @@ average, task arithmetic over a lambda grid, TIES over density x lambda, DARE â€
 requested split â€” then retention (merged / fine-tuned score on the merged tasks) as the number of merged tasks
 grows, with hyper-parameters chosen on the first split (dev).
 
-    python bench/merge_quality.py --preset encoder-5task --split dev,test
+    python -m bench.merge_quality --preset encoder-5task --split dev,test
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Differential benchmark: the same mergekit recipes through mergekit 0.1.5 (its own venv, ``mergekit-yaml``) and
 Alloy (``alloy merge``), on the same pico models built with ``transformers`` config classes, compared per tensor.
 
-    python bench/mergekit_diff.py [--only NAME,NAME] [--root DIR]
+    python -m bench.mergekit_diff [--only NAME,NAME] [--root DIR]
 
 For each recipe it prints: whether the two outputs have the same tensors and config layer count, the largest
 absolute difference, how many elements differ, and (each tool run in its own process, one after the other) the

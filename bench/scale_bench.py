@@ -2,7 +2,7 @@
 worker nodes of a local multi-node Ray cluster, in one run, through the MergeEngine's own wiring (the job
 skeleton, the registry, groups of shards as Ray tasks, the artifact store on S3).
 
-    nice -n 5 python bench/scale_bench.py [--hidden 768 --intermediate 2048 --layers 4 --vocab 16000]
+    nice -n 5 python -m bench.scale_bench [--hidden 768 --intermediate 2048 --layers 4 --vocab 16000]
                                           [--tunes 3] [--shard-mb 32] [--workers 2] [--root DIR]
 
 The cluster is a Ray head (no CPU for work: it only coordinates) and ``--workers`` worker nodes of one logical
@@ -42,7 +42,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from merge_bench import build_models  # the one model builder of the benches (bench/ is on sys.path)
+from bench.merge_bench import build_models  # the one model builder of the benches
 
 TASK_MARKERS = ("bench_job", "merge_group_task")
 
