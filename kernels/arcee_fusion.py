@@ -5,6 +5,10 @@ the last dimension (of its row); entries whose importance reaches ``median + 1.5
 model's value, the rest keep the base's. The quartiles are the sorted values at index ``int(q * (n - 1))``.
 mergekit estimates them from a random sample of 1,000,000 entries when a tensor is larger than that; here they
 are exact for every size, so this kernel is deterministic (and matches mergekit exactly up to 1,000,000 entries).
+
+In a half dtype (a mergekit recipe's ``dtype: bfloat16``) the importance, the quartiles and the threshold are
+computed in that dtype op for op, as mergekit computes them; the mask is float32 there, so the change times the
+mask, plus the base, is float32 (mergekit's result dtype, which it writes unless ``out_dtype`` says otherwise).
 """
 
 from __future__ import annotations
@@ -31,15 +35,22 @@ def quartiles(values: torch.Tensor) -> list[float]:
     return [float(torch.kthvalue(flat, index + 1).values) for index in indices]
 
 
-def arcee_fusion(base: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    base, other = base.to(torch.float32), other.to(torch.float32)
+def threshold(scores: torch.Tensor) -> torch.Tensor:
+    """``median + 1.5 * (q3 - q1)`` of the scores, in their dtype. The quartiles are entries of ``scores``, so
+    holding them in its dtype is exact; the difference, product and sum then round in it, as mergekit's do."""
+    q1, median, q3 = (torch.tensor(v, dtype=scores.dtype) for v in quartiles(scores))
+    return median + 1.5 * (q3 - q1)
+
+
+def arcee_fusion(base: torch.Tensor, other: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The fused tensor, float32 whatever ``dtype`` the importance is computed in."""
+    base, other = base.to(dtype), other.to(dtype)
     scores = importance(other, base)
-    q1, median, q3 = (torch.tensor(v, dtype=torch.float32) for v in quartiles(scores))
-    threshold = median + 1.5 * (q3 - q1)
-    keep = scores >= threshold.to(scores.device)
+    keep = scores >= threshold(scores).to(scores.device)
     del scores
-    return torch.sub(other, base).mul_(keep).add_(base)
+    # the change rounds in ``dtype``; times the 0/1 mask and plus the base it is float32 (exact but for the sum)
+    return torch.sub(other, base).to(torch.float32).mul_(keep).add_(base)
 
 
-def merge(tensors, base_index, global_params, model_params, generator, owned=False):
-    return arcee_fusion(tensors[base_index], tensors[1 - base_index])
+def merge(tensors, base_index, global_params, model_params, generator, owned=False, dtype=torch.float32):
+    return arcee_fusion(tensors[base_index], tensors[1 - base_index], dtype)

@@ -117,6 +117,7 @@ def generalized_task_arithmetic(
             del delta
     if consensus:
         return _chunked_consensus(base, deltas, weights, lam, normalize)
+    assert mixed is not None  # there is a model (checked above), so the loop set it
     if normalize:
         total = weight_sum(weights)
         mixed.div_(total if abs(total) >= NORMALIZE_EPS else 1.0)
@@ -132,8 +133,8 @@ def _chunked_consensus(
     its temporaries (elected signs, agreement masks, divisor) stay piece-sized and in cache instead of several
     tensor-sized allocations; the result is written into the first delta's buffer."""
     flat_base = base.reshape(-1)
-    flats = [d.view(-1) if d.is_contiguous() else None for d in deltas]
-    if any(f is None for f in flats) or flat_base.numel() != flats[0].numel():
+    flats = [d.view(-1) for d in deltas if d.is_contiguous()]
+    if len(flats) != len(deltas) or flat_base.numel() != flats[0].numel():
         return sign_consensus(base, deltas, weights, lam, normalize)
     for start in range(0, flat_base.numel(), CONSENSUS_CHUNK):
         piece = slice(start, start + CONSENSUS_CHUNK)

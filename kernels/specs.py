@@ -104,6 +104,12 @@ class MethodSpec:
     # (bfloat16, float16) and returns a tensor of it. Otherwise the kernel computes in float32 from inputs rounded
     # to that dtype, and its result is rounded to it.
     computes_in_dtype: bool = False
+    # mergekit's result is float32 whatever the dtype it computes in: the method multiplies by a float32 mask or
+    # scale (arcee_fusion's ``(importance >= threshold).float()``, ramplus_tl's counts divided), type promotion
+    # makes the result float32, and mergekit writes a tensor in the dtype its method returned unless the recipe
+    # sets ``out_dtype``. The kernel (``computes_in_dtype``) returns float32 too; the plan gives a mergekit recipe
+    # without ``out_dtype`` float32 output tensors from it.
+    float32_result: bool = False
     param_index: dict[str, ParamSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

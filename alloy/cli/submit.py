@@ -66,7 +66,7 @@ def recipe_body(path: Path) -> dict[str, Any]:
         "variant": recipe.variant,
         "parameters": recipe.parameters,
         "base_model": recipe.base_model,
-        "dtype": recipe.dtype,
+        "dtype": recipe.dtype or recipe.compute_dtype,
         "seed": recipe.seed,
         "model_parameters": {ref.model: ref.parameters for ref in recipe.models if ref.parameters} or None,
         "slices": [piece.model_dump(mode="json") for piece in recipe.slices] if recipe.slices else None,

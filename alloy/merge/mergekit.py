@@ -13,8 +13,9 @@ merge_method           ``variant`` (looked up in the kernels' methods; unknown: 
 base_model             ``base_model`` (methods that need a base refuse a recipe without one)
 models / slices        ``models`` / output ``slices`` (several slices, each with sources and parameters)
 parameters             global parameters (slice source > output slice > model > global)
-dtype                  ``compute_dtype`` (the maths in it, as mergekit); also the output dtype unless ``out_dtype``
-out_dtype              ``dtype`` (the output dtype)
+dtype                  ``compute_dtype`` (the maths in it, as mergekit); the output dtype follows it unless
+                       ``out_dtype`` (or the method's result is float32 in mergekit: ``float32_result``)
+out_dtype              ``dtype`` (the output dtype, every tensor cast to it)
 tokenizer_source,      the output vocabulary, embedding rows aligned to it, the chat template
 tokenizer, chat_template  (:mod:`alloy.merge.tokenizer_config`; mergekit's alpaca/exaone templates refused)
 ``model+adapter``      a PEFT LoRA adapter folded into the model as it is read (:mod:`alloy.merge.lora`)
@@ -138,7 +139,8 @@ def from_mergekit(data: dict[str, Any], text: str | None = None) -> MergeRecipe:
                 "base_model": _model_name(data["base_model"], "base_model") if data.get("base_model") else None,
                 "parameters": _params(data.get("parameters"), "parameters"),
                 "slices": slices,
-                "dtype": _dtype(data.get("out_dtype"), "out_dtype") or compute,
+                # left unset without out_dtype: the plan then writes what mergekit writes (see float32_result)
+                "dtype": _dtype(data.get("out_dtype"), "out_dtype"),
                 "compute_dtype": compute,
                 "tokenizer": settings_from_mergekit(data),
                 "mergekit_config": text if text is not None else yaml.safe_dump(data, sort_keys=False),

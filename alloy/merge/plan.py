@@ -12,6 +12,7 @@ in-memory merge (layouts from state dicts) share it and produce the same bits.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -155,6 +156,9 @@ def build_plan(recipe: MergeRecipe, layouts: Mapping[str, Layout], rows: Any = N
     stacks = {m: stack_sizes(layout) for m, layout in layouts.items()}
     slices = concrete_slices(recipe, counts, stacks)
     builder = _TaskBuilder(layouts, output_dtype or compute_dtype, uses_base(method), rows)
+    # mergekit writes such a method's float32 result as it is, unless out_dtype casts it
+    builder.float32_result = output_dtype is None and recipe.is_mergekit and method.float32_result
+    builder.compute_dtype = compute_dtype
     base_id = recipe.base if recipe.base in layouts else recipe.model_ids[0]
     origins: list[int] = []
     if slices and not recipe.slices:
@@ -204,6 +208,8 @@ class _TaskBuilder:
         self.rows = rows
         self.with_base = with_base  # False: the method ignores the base (linear, karcher, passthrough)
         self.output_dtype = output_dtype
+        self.float32_result = False  # output the float32 result of the method (MethodSpec.float32_result)
+        self.compute_dtype: torch.dtype | None = None  # None: the inputs' promoted dtype
         self.tasks: list[TensorTask] = []
         self._by_layer: dict[str, dict[int, list[str]]] = {}
 
@@ -271,7 +277,7 @@ class _TaskBuilder:
                 output_name=output_name,
                 sources=tuple(sources) if floating else (sources[reference],),
                 shape=meta.shape,
-                dtype=(self.output_dtype or meta.dtype) if floating else meta.dtype,
+                dtype=self._output_dtype(metas, reference) if floating else meta.dtype,
                 depth=depth,
                 compute=floating,
                 # inputs plus the float32 result: what a kernel holds at least
@@ -281,6 +287,12 @@ class _TaskBuilder:
                 vocabulary=alignment,
             )
         )
+
+    def _output_dtype(self, metas: list[TensorMeta], reference: int) -> torch.dtype:
+        if self.float32_result and len(metas) > 1:  # one input: the method returns it unchanged
+            computed = self.compute_dtype or functools.reduce(torch.promote_types, (m.dtype for m in metas))
+            return torch.promote_types(computed, torch.float32)
+        return self.output_dtype or metas[reference].dtype
 
 
 def _describe(shape: list[int] | None) -> str:

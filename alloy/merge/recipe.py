@@ -102,7 +102,7 @@ class MergeRecipe(BaseModel):
     base_model: str | None = None
     parameters: dict[str, ParameterValue] = Field(default_factory=dict)
     slices: list[OutputSlice] | None = None
-    dtype: OutputDtype | None = None  # output dtype
+    dtype: OutputDtype | None = None  # output dtype (mergekit's out_dtype); unset: see alloy.merge.plan
     compute_dtype: OutputDtype | None = None  # inputs are cast to it and the result rounded to it (mergekit dtype)
     seed: int = 0
     tokenizer: TokenizerSettings | None = None  # mergekit's tokenizer_source / tokenizer: / chat_template

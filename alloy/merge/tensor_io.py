@@ -107,7 +107,7 @@ class SafetensorsReader:
             raise AlloyError(ErrorCode.VALIDATION_FAILED, f"tensor {name!r} has unsupported dtype {stored.dtype}")
         buffer = torch.empty(stored.nbytes, dtype=torch.uint8)
         if stored.nbytes:
-            _read_exact(self._fd(stored.file), memoryview(buffer.numpy()), stored.start)
+            _read_exact(self._fd(stored.file), buffer.numpy().data, stored.start)
         return buffer.view(dtype).reshape(stored.shape)
 
     def close(self) -> None:
@@ -218,7 +218,7 @@ class ShardedWriter:
             raise ValueError(f"{name}: planned {slot.dtype}{list(slot.shape)}, got {tensor.dtype}{list(tensor.shape)}")
         flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
         if slot.nbytes:
-            _write_exact(self._fd_by_path[slot.file], memoryview(flat.numpy()), slot.start)
+            _write_exact(self._fd_by_path[slot.file], flat.numpy().data, slot.start)
         return slot.nbytes
 
     def finish(self, index: bool = True) -> None:

@@ -98,7 +98,8 @@ def compute_tensor(
     With ``owned`` the inputs are the caller's to give up, and kernels may reuse their memory. With a compute
     dtype other than float32 (:func:`compute_dtype`) the inputs are rounded to it first; a method mergekit computes
     in that dtype op for op (``computes_in_dtype``) is computed so by its kernel, any other in float32 and its
-    result rounded to the compute dtype (what mergekit does for those: linear, slerp...)."""
+    result rounded to the compute dtype (what mergekit does for those: linear, slerp...). A ``float32_result``
+    method's float32 result is kept as it is for ``task.dtype`` (the plan's choice, mergekit's rule)."""
     if not task.compute:
         return inputs[0].to(task.dtype)
     shared, per_input = resolve_task_parameters(plan, task)
@@ -120,6 +121,6 @@ def compute_tensor(
         raise AlloyError(
             ErrorCode.VALIDATION_FAILED, f"{task.output_name}: {exc}", {"tensor": task.output_name}
         ) from None
-    if reduced:
+    if reduced and not plan.method.float32_result:
         out = out.to(dtype)
     return out.to(device="cpu", dtype=task.dtype)

@@ -86,7 +86,7 @@ def test_reduced_path_does_not_modify_its_inputs_and_refuses_float32():
 def test_the_methods_mergekit_computes_in_the_recipes_dtype_declare_it():
     native = {name for name, spec in METHODS.items() if spec.computes_in_dtype}
     gta = {"task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties", "della"}
-    others = {"nuslerp", "multislerp", "model_stock", "nearswap", "ram", "sce", "karcher"}
+    others = {"nuslerp", "multislerp", "model_stock", "nearswap", "ram", "sce", "karcher", "arcee_fusion", "ramplus_tl"}
     assert gta | {"della_linear"} | others == native
 
 
@@ -150,7 +150,12 @@ def test_a_half_dtype_kernel_returns_that_dtype_and_leaves_its_inputs(method, dt
     tensors = [t.to(dtype) for t in _family(dtype, count)]
     copies = [t.clone() for t in tensors]
     out = _contract_call(spec, tensors, dtype=dtype)
-    assert out.dtype == dtype and out.shape == tensors[0].shape and torch.isfinite(out).all()
+    # a method whose mergekit result is float32 (a float32 mask or scale) returns float32
+    assert (
+        out.dtype == (torch.float32 if spec.float32_result else dtype)
+        and out.shape == tensors[0].shape
+        and torch.isfinite(out).all()
+    )
     assert all(torch.equal(t, c) for t, c in zip(tensors, copies))
 
 

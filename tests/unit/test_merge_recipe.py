@@ -167,9 +167,10 @@ out_dtype: float16
     assert loaded.model_parameters("a") == {"density": [0.6, 0.9], "weight": 0.5}
 
 
-def test_mergekit_dtype_alone_is_also_the_output_dtype():
+def test_mergekit_dtype_alone_is_the_compute_dtype_and_leaves_the_output_to_the_plan():
+    # the plan writes the compute dtype, or float32 for a method whose mergekit result is float32
     loaded = load_recipe_yaml("merge_method: linear\nmodels: [{model: a}, {model: b}]\ndtype: float16\n")
-    assert (loaded.compute_dtype, loaded.dtype) == ("float16", "float16")
+    assert (loaded.compute_dtype, loaded.dtype) == ("float16", None)
 
 
 def test_slice_parameters_beat_global_ones():
