@@ -18,7 +18,10 @@ class Subcommand(NamedTuple):
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "merge": Subcommand(
-        "alloy.cli.merge:merge", "Merge the models of RECIPE_FILE (Alloy or mergekit YAML) into the new folder OUT_DIR."
+        "alloy.cli.merge:merge",
+        "Merge the models of RECIPE_FILE (Alloy or mergekit YAML) into the new folder OUT_DIR; with --dry-run (no "
+        "OUT_DIR needed), print the resolved plan, the compatibility verdict and the estimated peak memory, disk and "
+        "wall time instead.",
     ),
     "methods": Subcommand(
         "alloy.cli.merge:methods",
