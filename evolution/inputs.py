@@ -11,10 +11,11 @@ from pydantic import BaseModel
 from alloy.errors import AlloyError, ErrorCode
 from alloy.evaluation.dataset_sources import LocalDatasets, RegistryDatasets
 from alloy.evaluation.loading import model_kind
+from alloy.merge.methods import check_family
 from alloy.registry.datasets import DatasetRegistry
 from alloy.registry.models import ModelRegistry
 from alloy.storage.artifacts import ArtifactStore
-from alloy.zoo.presets import build_preset, register_preset
+from alloy.zoo.presets import PRESETS, build_preset, register_preset
 from evolution.config import EvolutionSpec
 from evolution.genome import GenomeSpace
 
@@ -93,6 +94,33 @@ def genome_space(spec: EvolutionSpec, inputs: ResolvedInputs) -> GenomeSpace:
         )
     except ValueError as exc:
         raise AlloyError(ErrorCode.VALIDATION_FAILED, f"invalid genome: {exc}", {"field": "genome"}) from None
+
+
+# A preset's fine-tunes are known only once it is built: before a job exists its genome is checked over this many
+# stand-in parents (every method takes two).
+PRESET_STAND_INS = 2
+
+
+def check_before_job(spec: EvolutionSpec) -> None:
+    """What refuses an evolution request before a job exists, without a model file or a registry: the strategy
+    (INVALID_STRATEGY, as for a merge), a known preset, and a genome whose every decoded recipe is valid (the same
+    check the run makes, over the request's parents, or stand-ins for a preset's fine-tunes)."""
+    check_family(spec.strategy)
+    if spec.preset is not None and spec.preset not in PRESETS:
+        raise AlloyError(
+            ErrorCode.VALIDATION_FAILED,
+            f"unknown preset {spec.preset!r}; presets: {', '.join(sorted(PRESETS))}",
+            {"field": "preset", "known": sorted(PRESETS)},
+        )
+    models = spec.models or [f"preset-parent-{i}" for i in range(PRESET_STAND_INS)]
+    base = spec.base_model or ("preset-base" if spec.preset is not None else None)
+    stand_ins = ResolvedInputs(
+        parents={m: Path() for m in [*([base] if base else []), *models]},
+        base_model=base,
+        dataset_ids=list(spec.datasets or []),
+        source=None,
+    )
+    genome_space(spec, stand_ins)
 
 
 def skeleton_dir(inputs: ResolvedInputs) -> Path:

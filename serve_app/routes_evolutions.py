@@ -21,6 +21,7 @@ from alloy.wire_evolution import EvolutionView, PromoteRequest, PromotionView
 from deployments._calls import call
 from evolution.config import EvolutionSpec
 from evolution.engine import EvolutionService
+from evolution.inputs import check_before_job
 from serve_app.context import api_context
 from serve_app.routing import owner as _owner
 from serve_app.routing import scope
@@ -78,10 +79,12 @@ async def create_evolution(body: EvolutionSpec, request: Request, response: Resp
     ctx = api_context(request)
     ctx.require_gpu_capacity()
     engine = ctx.handle(c.EVOLUTION_ENGINE)
-    if body.models or body.base_model:  # explicit parents must exist before a job is accepted
-        registry = ctx.handle(c.MODEL_REGISTRY)
+    check_before_job(body)
+    if body.preset is None:  # registered parents and datasets must exist (a preset's are built by the run)
+        registry, datasets = ctx.handle(c.MODEL_REGISTRY), ctx.handle(c.DATASET_REGISTRY)
+        parents = [*(body.models or []), *([body.base_model] if body.base_model else [])]
         await asyncio.gather(
-            *(registry.get.remote(m) for m in [*(body.models or []), *([body.base_model] if body.base_model else [])])
+            *(call(registry, "get", m) for m in parents), *(call(datasets, "get", d) for d in body.datasets or [])
         )
     job = await ctx.create_job(JobKind.EVOLUTION, body.model_dump(mode="json"), _owner(request))
     engine.run_job.remote(job.id)  # fire and forget: the engine replica owns the job from here on

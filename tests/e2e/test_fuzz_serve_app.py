@@ -96,7 +96,8 @@ def test_schemathesis_over_the_whole_serve_app(alloy_service, served_models, fuz
     assert run.report["phases"]["stateful"]["status"] == "success", run.report["phases"]
     assert before <= _registered(alloy_service)  # the session's models are all still there
     for job in _fuzzer_jobs(alloy_service):  # every merge the run started ends well
-        assert alloy_service.wait_job(job)["state"] == "COMPLETED"
+        final = alloy_service.wait_job(job)
+        assert final["state"] == "COMPLETED", final
 
 
 def _fuzzer_jobs(alloy_service) -> list[str]:

@@ -55,3 +55,31 @@ def test_out_of_bounds_fields_are_validation_failed(path, value):
     with pytest.raises(AlloyError) as raised:
         parse_spec(with_change(path, value))
     assert raised.value.code == ErrorCode.VALIDATION_FAILED
+
+
+# --- refused before a job exists (the ingress calls check_before_job before it creates one) ---------------------
+
+
+def test_a_valid_request_passes_the_pre_job_check_explicit_or_preset():
+    from evolution.inputs import check_before_job
+
+    check_before_job(parse_spec(VALID))
+    preset = {"preset": "tiny", "genome": {"global_parameters": {"lambda": {"low": 0.1, "high": 1.5}}}}
+    check_before_job(parse_spec(preset))
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"strategy": "linear"}, ErrorCode.INVALID_STRATEGY),
+        ({"preset": "no-such-preset"}, ErrorCode.VALIDATION_FAILED),
+        ({"genome": {"per_model": {"not_a_parameter": {"low": 0.0, "high": 1.0}}}}, ErrorCode.VALIDATION_FAILED),
+        ({"genome": {"per_model": {"weight": {"low": 0.0, "high": 1.0}}, "operators": ["nope"]}}, None),
+    ],
+)
+def test_what_the_run_would_refuse_is_refused_before_a_job(change, code):
+    from evolution.inputs import check_before_job
+
+    with pytest.raises(AlloyError) as raised:
+        check_before_job(parse_spec({**VALID, **change}))
+    assert code is None or raised.value.code == code
