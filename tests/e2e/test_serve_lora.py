@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.mergekit_diff import build_pico_adapter, load_folder
+from bench.mergekit_diff import load_folder
+from bench.pico_models import build_pico_adapter
 
 pytestmark = pytest.mark.ray
 
