@@ -108,7 +108,8 @@ def generalized_task_arithmetic(
         delta = task_vector(model, base, owned)
         if prune is not None:
             delta = prune(delta, params, rescale, generator)
-        delta.mul_(weight)
+        if weight != 1:  # x * 1 is x (the delta is a result of arithmetic, so no signalling NaN): skip the pass
+            delta.mul_(weight)
         if consensus:
             deltas.append(delta)
         elif mixed is None:

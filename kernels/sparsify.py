@@ -198,9 +198,26 @@ def outlier_prune_(owned: torch.Tensor, density: float, gamma: float, rescale: b
     n_bottom = max(0, numel - target - n_top)
     dropped_top = max(0, numel - n_bottom - target)  # the largest entries removed
     before = _l1(owned, rescale)
-    keep = _rank_band_mask(owned, dropped_top, dropped_top + target)
-    owned.masked_fill_(~keep.view_as(owned), 0.0)  # not mul_: a dropped inf must become 0, not NaN
+    if owned.dtype == torch.float32 and owned.device.type == "cpu" and owned.is_contiguous():
+        _keep_rank_band_(owned.view(-1), dropped_top, dropped_top + target)
+    else:
+        keep = _rank_band_mask(owned, dropped_top, dropped_top + target)
+        owned.masked_fill_(~keep.view_as(owned), 0.0)  # not mul_: a dropped inf must become 0, not NaN
     return _rescale_l1_(owned, before) if rescale else owned
+
+
+def _keep_rank_band_(flat: torch.Tensor, first: int, stop: int) -> None:
+    """In place, what masking with :func:`_rank_band_mask` does (outside entries become +0), in float passes over
+    cache-sized pieces instead of building a mask: zero below the ``stop`` cut, then the ``first`` largest."""
+    numel = flat.numel()
+    if stop <= first or first >= numel:
+        flat.zero_()
+        return
+    inner = selection.top_cut(flat, first) if first > 0 else None  # both cuts before the data changes
+    if stop < numel:
+        selection.keep_cut_(flat, selection.top_cut(flat, stop))
+    if inner is not None:
+        selection.drop_cut_(flat, inner)
 
 
 def _rank_band_mask(values: torch.Tensor, first: int, stop: int) -> torch.Tensor:
