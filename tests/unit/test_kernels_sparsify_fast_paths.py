@@ -1,13 +1,21 @@
 """The in-place float paths of kernels.sparsify give the bits (signed zeros and NaN included) of the mask-based
-reference: Model Breadcrumbs' rank band (keep below one cut, drop the top cut) and selection.drop_cut_."""
+reference: Model Breadcrumbs' rank band (keep below one cut, drop the top cut), selection.drop_cut_, and DELLA's
+blocked rank-draw-mask (the same draws, ranks and kept set as the full-size probability tensor)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import selection
-from kernels.sparsify import _rank_band_mask, outlier_prune_
+from kernels import selection, sparsify
+from kernels.sparsify import (
+    _della_keep_blocked_,
+    _draw_keep_,
+    _rank_band_mask,
+    della_keep_probability,
+    della_prune_,
+    outlier_prune_,
+)
 
 SPECIALS = [0.0, -0.0, 1e-45, -1e-45, 3e-39, 1.0, -1.0, 2.0, -2.0, 3e38, -3e38]
 
@@ -63,3 +71,42 @@ def test_drop_cut_is_the_complement_of_keep_cut(extra):
         inside = selection.cut_mask(x, cut)
         expected = x.clone().masked_fill_(inside, 0.0)
         assert torch.equal(bits(selection.drop_cut_(x.clone(), cut)), bits(expected))
+
+
+def reference_della_keep(x: torch.Tensor, density: float, epsilon: float, seed: int) -> torch.Tensor:
+    out = x.clone()
+    _draw_keep_(out, della_keep_probability(out, density, epsilon), torch.Generator().manual_seed(seed))
+    return out
+
+
+@pytest.mark.parametrize("shape", [(1,), (5,), (3, 1), (1, 7), (100, 3), (40_000,), (300, 1024), (7, 33_333)])
+@pytest.mark.parametrize("make", [randn, heavy_ties])
+@pytest.mark.parametrize("density,epsilon", [(0.5, 0.1), (0.3, 0.29), (0.9, 0.05)])
+def test_della_blocked_keep_gives_the_reference_bits(make, shape, density, epsilon):
+    n = 1
+    for size in shape:
+        n *= size
+    x = make(n, n, (float("inf"), float("-inf"), float("nan")) if n > 2 else ()).view(shape)
+    got = x.clone()
+    _della_keep_blocked_(got.view(1, -1) if got.dim() < 2 else got, density, epsilon, torch.Generator().manual_seed(5))
+    assert torch.equal(bits(got), bits(reference_della_keep(x, density, epsilon, 5)))
+
+
+def test_della_draws_cross_random_chunks_and_blocks_like_the_reference(monkeypatch):
+    monkeypatch.setattr(sparsify, "RANDOM_CHUNK", 1000)  # draws of 1000: blocks of rows straddle them
+    monkeypatch.setattr(sparsify, "DELLA_BLOCK", 700)
+    x = randn(97 * 31, 3).view(97, 31)
+    for rescale in (False, True):
+        got = della_prune_(x.clone(), 0.4, 0.2, torch.Generator().manual_seed(9), rescale)
+        expected = reference_della_keep(x, 0.4, 0.2, 9)
+        if rescale:
+            expected = sparsify._rescale_l1_(expected, float(sparsify.stable_abs_sum(x)))
+        assert torch.equal(bits(got), bits(expected))
+
+
+def test_della_prune_hand_computed():
+    # one row of 3: ascending ranks of |x| are 2, 0, 1, so p = 0.3 + 0.4 * r / 2 = 0.7, 0.3, 0.5; the first three
+    # draws of seed 0 are 0.4963, 0.7682, 0.0885: keep the first (0.50 < 0.7), drop the second, keep the third
+    assert torch.rand(3, generator=torch.Generator().manual_seed(0)).tolist()[:1] == pytest.approx([0.4963], abs=1e-4)
+    got = della_prune_(torch.tensor([3.0, -1.0, 2.0]), 0.5, 0.2, torch.Generator().manual_seed(0), rescale=False)
+    assert got.tolist() == [3.0, -0.0, 2.0] and bits(got)[1] == bits(torch.tensor(-0.0))
