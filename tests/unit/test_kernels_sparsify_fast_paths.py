@@ -110,3 +110,38 @@ def test_della_prune_hand_computed():
     assert torch.rand(3, generator=torch.Generator().manual_seed(0)).tolist()[:1] == pytest.approx([0.4963], abs=1e-4)
     got = della_prune_(torch.tensor([3.0, -1.0, 2.0]), 0.5, 0.2, torch.Generator().manual_seed(0), rescale=False)
     assert got.tolist() == [3.0, -0.0, 2.0] and bits(got)[1] == bits(torch.tensor(-0.0))
+
+
+def reference_draw_keep(x: torch.Tensor, probability, seed: int) -> torch.Tensor:
+    """The former _draw_keep_: multiply by the bool ``draw < probability``."""
+    out, generator = x.clone(), torch.Generator().manual_seed(seed)
+    flat = out.view(-1)
+    flat_probability = probability.reshape(-1) if isinstance(probability, torch.Tensor) else None
+    for start in range(0, flat.numel(), sparsify.RANDOM_CHUNK):
+        piece = flat[start : start + sparsify.RANDOM_CHUNK]
+        draws = torch.rand(piece.numel(), generator=generator)
+        threshold = probability if flat_probability is None else flat_probability[start : start + piece.numel()]
+        piece.mul_(draws < threshold)
+    return out
+
+
+@pytest.mark.parametrize("density", [0.5, 0.1, 1 / 3, 0.9, 1e-6, 0.5 + 1e-12])
+@pytest.mark.parametrize("make", [randn, heavy_ties])
+def test_bernoulli_float_mask_gives_the_reference_bits(monkeypatch, make, density):
+    monkeypatch.setattr(sparsify, "RANDOM_CHUNK", 50_000)
+    x = make(120_001, 2, (float("inf"), float("-inf"), float("nan")))
+    got = x.clone()
+    sparsify._draw_keep_(got, density, torch.Generator().manual_seed(4))
+    assert torch.equal(bits(got), bits(reference_draw_keep(x, density, 4)))
+    probability = torch.rand(x.shape, generator=torch.Generator().manual_seed(6))
+    got = x.clone()
+    sparsify._draw_keep_(got, probability, torch.Generator().manual_seed(4))
+    assert torch.equal(bits(got), bits(reference_draw_keep(x, probability, 4)))
+
+
+def test_below_as_float_at_the_boundary():
+    # a draw equal to the float32 probability is not below it, even when the float64 probability is a bit above
+    draws = torch.tensor([0.5, 0.25, 0.75, 0.0])
+    assert bits(sparsify._below_as_float_(torch.rsub(draws, 0.5 + 1e-12))).tolist() == [
+        bits(torch.tensor(v)).item() for v in (0.0, 1.0, 0.0, 1.0)
+    ]
