@@ -73,3 +73,19 @@ def test_chunked_consensus_matches_the_reference_with_non_finite_pieces(normaliz
     expected = sign_consensus(base, [d.clone() for d in deltas], [1.0, 0.5, 2.0], 0.9, normalize)
     got = gta._chunked_consensus(base, [d.clone() for d in deltas], [1.0, 0.5, 2.0], 0.9, normalize)
     assert torch.equal(bits(got), bits(expected))
+
+
+def merge(models, params, sparsifier, base=None, normalize=True, lam=1.0):
+    base = torch.zeros_like(models[0]) if base is None else base
+    return gta.generalized_task_arithmetic(
+        base, models, params, sparsifier=sparsifier, consensus=True, normalize=normalize, rescale=False, lam=lam
+    )
+
+
+def test_ties_hand_computed():
+    models = [torch.tensor([3.0, -1.0, 2.0, 0.5]), torch.tensor([-2.0, 1.0, 1.0, 0.25])]
+    # trims (density 0.5: 2 of 4, equal magnitudes: the earlier first): [3, 0, 2, 0] and [-2, 1, 0, 0]
+    params = [{"weight": 1.0, "density": 0.5}, {"weight": 1.0, "density": 0.5}]
+    assert merge(models, params, "magnitude").tolist() == [3.0, 1.0, 2.0, 0.0]
+    params[1]["weight"] = 2.0  # weighted: [-4, 2, 0, 0]; the sign of entry 0 flips to -
+    assert merge(models, params, "magnitude").tolist() == [-2.0, 1.0, 2.0, 0.0]
