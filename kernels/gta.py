@@ -20,11 +20,12 @@ import torch
 from kernels import sparsify
 from kernels.gta_reduced import generalized_task_arithmetic_in
 from kernels.task_arithmetic import split_base, task_vector
-from kernels.ties import sign_consensus
+from kernels.ties import finite_sign_consensus_, sign_consensus
 
 # Elements per piece of the sign consensus: a few pieces of every delta fit in a 1 MiB L2 cache, and the piece is
 # below torch's intra-op grain (32768), so no OpenMP barrier per small op (the executor runs tensors in parallel).
-CONSENSUS_CHUNK = 16384
+# (32000 rather than 16384: half the per-op dispatch cost, measured 0.28 -> 0.22 s on 3 x 24000x1024.)
+CONSENSUS_CHUNK = 32000
 NORMALIZE_EPS = 1e-8  # without consensus, a weight sum this close to zero is not divided by (mergekit's rule)
 
 # (delta owned, this model's resolved parameters, rescale, generator) -> the pruned delta
@@ -107,7 +108,8 @@ def generalized_task_arithmetic(
         delta = task_vector(model, base, owned)
         if prune is not None:
             delta = prune(delta, params, rescale, generator)
-        delta.mul_(weight)
+        if weight != 1:  # x * 1 is x (the delta is a result of arithmetic, so no signalling NaN): skip the pass
+            delta.mul_(weight)
         if consensus:
             deltas.append(delta)
         elif mixed is None:
@@ -138,7 +140,9 @@ def _chunked_consensus(
         return sign_consensus(base, deltas, weights, lam, normalize)
     for start in range(0, flat_base.numel(), CONSENSUS_CHUNK):
         piece = slice(start, start + CONSENSUS_CHUNK)
-        sign_consensus(flat_base[piece], [f[piece] for f in flats], weights, lam, normalize)
+        pieces = [f[piece] for f in flats]
+        if finite_sign_consensus_(flat_base[piece], pieces, weights, lam, normalize) is None:
+            sign_consensus(flat_base[piece], pieces, weights, lam, normalize)
     return deltas[0]
 
 

@@ -261,3 +261,31 @@ def keep_cut_(flat: torch.Tensor, cut: Cut) -> torch.Tensor:
             _shrink_(piece[:split], cut.key, inclusive=True)
             _shrink_(piece[split:], cut.key, inclusive=False)
     return flat
+
+
+def _drop_(piece: torch.Tensor, key: int, inclusive: bool) -> None:
+    """Zero the entries of the finite ``piece`` whose magnitude is above the ``key`` magnitude (also those equal to
+    it when ``inclusive``): ``x - hardshrink(x)`` is +0 where hardshrink keeps x and x where it gives +0."""
+    bound = key - 1 if inclusive else key
+    if bound < 0:
+        piece.zero_()
+        return
+    piece.sub_(torch.hardshrink(piece, _key_value(bound)))
+
+
+def drop_cut_(flat: torch.Tensor, cut: Cut) -> torch.Tensor:
+    """Zero, in place, every entry inside ``cut`` (zeroed entries become +0): the complement of :func:`keep_cut_`.
+    A piece holding inf or NaN (or whose sum overflows) compares the keys instead, since ``inf - inf`` is NaN."""
+    for start, end in _chunks(flat.numel()):
+        piece = flat[start:end]
+        if cut.key >= INF_KEY or not math.isfinite(float(piece.sum())):
+            piece.masked_fill_(_piece_mask(magnitude_keys(piece), cut, start), 0.0)
+        elif cut.tie_end >= end:
+            _drop_(piece, cut.key, inclusive=True)
+        elif cut.tie_end <= start:
+            _drop_(piece, cut.key, inclusive=False)
+        else:
+            split = cut.tie_end - start
+            _drop_(piece[:split], cut.key, inclusive=True)
+            _drop_(piece[split:], cut.key, inclusive=False)
+    return flat

@@ -161,15 +161,30 @@ def magnitude_prune_(owned: torch.Tensor, density: float, rescale: bool = False)
 
 def _draw_keep_(owned: torch.Tensor, probability: torch.Tensor | float, generator: torch.Generator) -> torch.Tensor:
     """Keep entry i when the i-th uniform draw (row-major order, drawn in RANDOM_CHUNK pieces) is below its keep
-    probability; zero it otherwise."""
+    probability; zero it otherwise (multiply by 0: a dropped -x becomes -0, a dropped inf NaN)."""
     flat = owned.view(-1)
     flat_probability = probability.reshape(-1) if isinstance(probability, torch.Tensor) else None
     for start in range(0, flat.numel(), RANDOM_CHUNK):
         piece = flat[start : start + RANDOM_CHUNK]
         draws = torch.rand(piece.numel(), generator=generator).to(owned.device)
-        threshold = probability if flat_probability is None else flat_probability[start : start + piece.numel()]
-        piece.mul_(draws < threshold)
+        if flat_probability is None:
+            keep = torch.rsub(draws, float(probability))  # in float32, as ``draws < probability`` compares
+        else:
+            keep = torch.sub(flat_probability[start : start + piece.numel()].to(torch.float32), draws)
+        for first in range(0, piece.numel(), MASK_PIECE):
+            part = slice(first, first + MASK_PIECE)
+            piece[part].mul_(_below_as_float_(keep[part]))
     return owned
+
+
+MASK_PIECE = 32000  # elements per float-mask step: in cache, and below torch's intra-op grain
+
+
+def _below_as_float_(difference: torch.Tensor) -> torch.Tensor:
+    """``probability - draw`` -> 1.0 where the draw is below the probability, +0.0 elsewhere (in place): the values
+    multiplying by the bool ``draw < probability`` multiplies by, in float ops (bool ones were several times
+    slower). Exact: for floats ``p - u > 0`` exactly when ``p > u``."""
+    return difference.relu_().sign_()
 
 
 def bernoulli_prune_(
@@ -198,9 +213,26 @@ def outlier_prune_(owned: torch.Tensor, density: float, gamma: float, rescale: b
     n_bottom = max(0, numel - target - n_top)
     dropped_top = max(0, numel - n_bottom - target)  # the largest entries removed
     before = _l1(owned, rescale)
-    keep = _rank_band_mask(owned, dropped_top, dropped_top + target)
-    owned.masked_fill_(~keep.view_as(owned), 0.0)  # not mul_: a dropped inf must become 0, not NaN
+    if owned.dtype == torch.float32 and owned.device.type == "cpu" and owned.is_contiguous():
+        _keep_rank_band_(owned.view(-1), dropped_top, dropped_top + target)
+    else:
+        keep = _rank_band_mask(owned, dropped_top, dropped_top + target)
+        owned.masked_fill_(~keep.view_as(owned), 0.0)  # not mul_: a dropped inf must become 0, not NaN
     return _rescale_l1_(owned, before) if rescale else owned
+
+
+def _keep_rank_band_(flat: torch.Tensor, first: int, stop: int) -> None:
+    """In place, what masking with :func:`_rank_band_mask` does (outside entries become +0), in float passes over
+    cache-sized pieces instead of building a mask: zero below the ``stop`` cut, then the ``first`` largest."""
+    numel = flat.numel()
+    if stop <= first or first >= numel:
+        flat.zero_()
+        return
+    inner = selection.top_cut(flat, first) if first > 0 else None  # both cuts before the data changes
+    if stop < numel:
+        selection.keep_cut_(flat, selection.top_cut(flat, stop))
+    if inner is not None:
+        selection.drop_cut_(flat, inner)
 
 
 def _rank_band_mask(values: torch.Tensor, first: int, stop: int) -> torch.Tensor:
@@ -252,5 +284,64 @@ def della_prune_(
             "epsilon", f"density ± epsilon must lie strictly between 0 and 1 (density={density}, epsilon={epsilon})"
         )
     before = _l1(owned, rescale)
-    _draw_keep_(owned, della_keep_probability(owned, density, epsilon), generator)
+    if owned.dtype == torch.float32 and owned.device.type == "cpu" and owned.is_contiguous() and owned.dim() <= 2:
+        _della_keep_blocked_(owned.view(1, -1) if owned.dim() < 2 else owned, density, epsilon, generator)
+    else:
+        _draw_keep_(owned, della_keep_probability(owned, density, epsilon), generator)
     return _rescale_l1_(owned, before) if rescale else owned
+
+
+DELLA_BLOCK = 32768  # elements of whole rows ranked, drawn and masked at a time: the temporaries stay in cache
+
+
+def _rank_probabilities(length: int, density: float, epsilon: float) -> torch.Tensor:
+    """The keep probability of each ascending rank 0..length-1, by the same float32 ops as
+    :func:`della_keep_probability` applies to the ranks (so the same bits)."""
+    ranks = torch.arange(length, dtype=torch.float32)
+    if length > 1:
+        ranks.div_(length - 1)
+    else:
+        ranks.fill_(0.5)
+    return ranks.mul_(2).mul_(epsilon).add_(density - epsilon)
+
+
+def _draw_stream(numel: int, generator: torch.Generator):
+    """Yields, for each ``send(count)``, the next ``count`` uniform draws of the sequence :func:`_draw_keep_` draws
+    (``torch.rand`` calls of RANDOM_CHUNK elements, the last one shorter)."""
+    drawn, buffer, used = 0, torch.empty(0), 0
+    count = yield None
+    while True:
+        parts = []
+        while count:
+            if used == buffer.numel():
+                buffer, used = torch.rand(min(RANDOM_CHUNK, numel - drawn), generator=generator), 0
+                drawn += buffer.numel()
+            part = buffer[used : used + count]
+            used += part.numel()
+            count -= part.numel()
+            parts.append(part)
+        count = yield parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _della_keep_blocked_(rows: torch.Tensor, density: float, epsilon: float, generator: torch.Generator) -> None:
+    """:func:`_draw_keep_` with :func:`della_keep_probability`, bit for bit, on a contiguous float32 CPU matrix,
+    a block of whole rows at a time (WHY: the full-size rank, probability and int64 order tensors were 5 passes
+    over memory and most of DELLA's peak memory). Each row is ranked by one sort of int64 keys that append the
+    column to the magnitude key: unique keys, so torch's faster unstable sort gives the stable order. An entry is
+    kept when its draw is below its probability: ``sign(relu(p - u))`` is that test as a float 1 or +0, and
+    multiplying by it is what multiplying by the bool mask does (float ops: bool ones were several times slower)."""
+    length = rows.shape[1]
+    table = _rank_probabilities(length, density, epsilon)
+    column_bits = max(1, (length - 1).bit_length())
+    columns = torch.arange(length, dtype=torch.int64)
+    draws = _draw_stream(rows.numel(), generator)
+    next(draws)
+    per_block = max(1, DELLA_BLOCK // length)
+    for first in range(0, rows.shape[0], per_block):
+        block = rows[first : first + per_block]
+        keys = selection.magnitude_keys(block).to(torch.int64).bitwise_left_shift_(column_bits).bitwise_or_(columns)
+        order = torch.sort(keys, dim=-1).indices
+        del keys
+        probability = torch.empty(block.shape, dtype=torch.float32).scatter_(-1, order, table.expand(block.shape))
+        uniform_draws = draws.send(block.numel()).view(block.shape)
+        block.mul_(_below_as_float_(probability.sub_(uniform_draws)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -33,6 +34,51 @@ def sign_consensus(
         mixed.add_(delta)
     if divisor is not None:
         divisor.masked_fill_(divisor == 0, 1.0)
+        mixed.div_(divisor)
+    if lam != 1:
+        mixed.mul_(lam)
+    return mixed.add_(base.to(torch.float32))
+
+
+def finite_sign_consensus_(
+    base: torch.Tensor,
+    weighted_deltas: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    lam: float,
+    normalize: bool,
+) -> torch.Tensor | None:
+    """:func:`sign_consensus` on a cache-sized piece, in float ops only, bit for bit the same for finite inputs;
+    None (nothing modified) when an elected sum is not finite, for the caller to take :func:`sign_consensus`.
+
+    WHY: torch's comparisons and ``where`` that produce bool tensors, and float ops mixing in a bool operand, were
+    measured 5-30x slower per element than float ops on the CPU. Identities used (all exact for finite values):
+    the elected sign is ``copysign(1, sum)`` (a sum of -0 needs every delta -0, which agrees with neither sign);
+    ``delta * agrees`` is ``copysign(max(delta * sign, 0), delta)`` (kept: ``|delta|`` with delta's sign; dropped:
+    zero with delta's sign, as ``delta * 0``); ``agrees`` as a float is ``sign(max(delta * sign, 0))``, whose zero
+    may be -0 (it only adds zero to the divisor, whose zeros are replaced by 1 whatever their sign)."""
+    elected = torch.add(weighted_deltas[0], weighted_deltas[1]) if len(weighted_deltas) > 1 else None
+    if elected is None:
+        elected = weighted_deltas[0].clone()
+    for delta in weighted_deltas[2:]:
+        elected.add_(delta)
+    if not math.isfinite(float(elected.sum())):  # also when a large finite sum overflows: the general path is exact
+        return None
+    side = torch.copysign(torch.ones_like(elected), elected, out=elected)
+    divisor = torch.zeros_like(side) if normalize else None
+    kept = torch.empty_like(side)
+    for delta, weight in zip(weighted_deltas, weights):
+        torch.mul(delta, side, out=kept).clamp_min_(0.0)
+        if divisor is not None:
+            divisor.add_(torch.sign(kept), alpha=float(weight))
+        torch.copysign(kept, delta, out=delta)
+    del kept, side
+    mixed = weighted_deltas[0]
+    for delta in weighted_deltas[1:]:
+        mixed.add_(delta)
+    if divisor is not None:
+        # zeros become 1, other values stay (they are sums of finite weights): + (1 - sign(divisor)^2)
+        zero = torch.sign(divisor)
+        divisor.add_(zero.mul_(zero).neg_().add_(1.0))
         mixed.div_(divisor)
     if lam != 1:
         mixed.mul_(lam)
