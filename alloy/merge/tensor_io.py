@@ -110,6 +110,21 @@ class SafetensorsReader:
             _read_exact(self._fd(stored.file), buffer.numpy().data, stored.start)
         return buffer.view(dtype).reshape(stored.shape)
 
+    def read_range(self, name: str, start: int, count: int) -> torch.Tensor:
+        """Elements ``[start, start + count)`` of the tensor in storage (row-major) order, as a flat tensor: a
+        piece of a large tensor without the rest of it in memory."""
+        stored = self.tensors[name]
+        dtype = TORCH_DTYPES.get(stored.dtype)
+        if dtype is None:
+            raise AlloyError(ErrorCode.VALIDATION_FAILED, f"tensor {name!r} has unsupported dtype {stored.dtype}")
+        size = dtype.itemsize
+        if start < 0 or count < 0 or (start + count) * size > stored.nbytes:
+            raise ValueError(f"{name}: elements [{start}, {start + count}) lie outside the tensor")
+        buffer = torch.empty(count * size, dtype=torch.uint8)
+        if count:
+            _read_exact(self._fd(stored.file), buffer.numpy().data, stored.start + start * size)
+        return buffer.view(dtype)
+
     def close(self) -> None:
         with self._lock:
             for fd in self._fds.values():
@@ -220,6 +235,20 @@ class ShardedWriter:
         if slot.nbytes:
             _write_exact(self._fd_by_path[slot.file], flat.numpy().data, slot.start)
         return slot.nbytes
+
+    def write_range(self, name: str, start: int, piece: torch.Tensor) -> int:
+        """Write ``piece`` as elements ``[start, start + piece.numel())`` of a planned tensor (any thread); returns
+        its byte count. The pieces of a tensor written this way are the bytes :meth:`write` writes for the whole."""
+        slot = self.slots[name]
+        if piece.dtype != slot.dtype:
+            raise ValueError(f"{name}: planned {slot.dtype}, got a piece of {piece.dtype}")
+        flat = piece.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        offset = start * slot.dtype.itemsize
+        if start < 0 or offset + flat.numel() > slot.nbytes:
+            raise ValueError(f"{name}: a piece at element {start} runs past the tensor")
+        if flat.numel():
+            _write_exact(self._fd_by_path[slot.file], flat.numpy().data, slot.start + offset)
+        return flat.numel()
 
     def finish(self, index: bool = True) -> None:
         """Flush the shards to disk and write the index (unless ``index`` is False)."""
