@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from alloy.merge import streamed as streaming
 from alloy.merge.plan import MergePlan, TensorTask
+from kernels.reductions import CHUNK
 
 # Resident bytes of a merge process before its first tensor: the interpreter, torch and Alloy's imports.
 BASE_RSS_BYTES = 250 * 1024**2
@@ -38,6 +40,9 @@ WORK_FACTOR = {
     "della_linear": 4.0,
 }
 DEFAULT_WORK_FACTOR = 4.0
+# A streamed task's scratch beside its pieces: slerp's gram sums convert a chunk of both inputs to float64 and hold
+# their three products at once.
+STREAM_SCRATCH_BYTES = {"slerp": 5 * CHUNK * 8}
 # CPU nanoseconds per input element (one element of one input), reading and writing included.
 NS_PER_INPUT_ELEMENT = {
     "linear": 6.0,
@@ -63,10 +68,14 @@ def task_numel(task: TensorTask) -> int:
     return count
 
 
-def working_bytes(plan: MergePlan, task: TensorTask) -> int:
+def working_bytes(plan: MergePlan, task: TensorTask, streamed: bool = True) -> int:
     """Bytes resident while ``task`` runs: its inputs as float32 plus the kernel's temporaries (a copied tensor:
-    the input and its converted copy)."""
+    the input and its converted copy); a task the executor streams (:func:`alloy.merge.streamed.streams`; not
+    with ``streamed=False``, a merge on a GPU) holds a piece of each instead, plus its sums' scratch."""
     numel = task_numel(task)
+    if streamed and streaming.streams(plan, task):
+        scratch = STREAM_SCRATCH_BYTES.get(plan.method.name, 0)
+        return streaming.PIECE_ELEMENTS * 4 * (len(task.sources) + 1) + scratch
     if not task.compute:
         return 2 * numel * max(task.dtype.itemsize, 1)
     factor = WORK_FACTOR.get(plan.method.name, DEFAULT_WORK_FACTOR)
