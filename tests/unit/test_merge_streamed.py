@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from alloy.merge import executor, streamed
 from alloy.merge.executor import execute_merge, merge_state_dicts, prepare
-from alloy.merge.footprint import STREAM_SCRATCH_BYTES, working_bytes
+from alloy.merge.footprint import SCRATCH_BYTES_PER_ELEMENT, working_bytes
 from alloy.merge.recipe import MergeRecipe, ModelRef
 from alloy.merge.tensor_io import PlannedTensor, SafetensorsReader, ShardedWriter
 from alloy.model_manifest import read_manifest
@@ -86,7 +86,7 @@ def test_the_budget_charges_a_streamed_task_its_pieces(tiny_family, small_pieces
     plan = prepare(merge_recipe, {str(m): read_manifest(m) for m in (base, tunes[0])})
     task = max(plan.tasks, key=lambda t: t.input_bytes)
     assert streamed.streams(plan, task)
-    assert working_bytes(plan, task) == PIECE * 4 * 3 + STREAM_SCRATCH_BYTES["slerp"]
+    assert working_bytes(plan, task) == PIECE * 4 * 3 + PIECE * SCRATCH_BYTES_PER_ELEMENT["slerp"]
     whole = working_bytes(plan, task, streamed=False)  # a GPU merge reads the tensor whole
     assert whole >= task.input_bytes // 3 * 2  # both inputs at least
 
