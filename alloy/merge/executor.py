@@ -2,9 +2,11 @@
 
 Tensors are read lazily (``pread``, no memory map), merged by a small thread pool with a bounded number of tensors
 and working bytes in flight (:func:`alloy.merge.footprint.working_bytes`: inputs plus the kernel's temporaries,
-so that the peak resident set is the process's base plus the budget, or plus the one task larger than it), and written straight into preallocated shards. The merged folder is assembled in a
-hidden staging sibling of ``out_dir`` and renamed into place only when complete: a failure or a cancel leaves
-nothing at ``out_dir`` and no staging folder behind.
+so that the peak resident set is the process's base plus the budget, or plus the one task larger than it), and
+written straight into preallocated shards. A large tensor of an elementwise method is streamed instead
+(:mod:`alloy.merge.streamed`): read, merged and written a piece at a time, so that it costs the budget a piece.
+The merged folder is assembled in a hidden staging sibling of ``out_dir`` and renamed into place only when
+complete: a failure or a cancel leaves nothing at ``out_dir`` and no staging folder behind.
 """
 
 from __future__ import annotations

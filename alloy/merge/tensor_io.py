@@ -2,10 +2,10 @@
 
 Reading a tensor through a memory map leaves its pages mapped in the process (they count in its resident set
 until the map is closed), so a streamed merge of several large models would look as big as the models.
-:class:`SafetensorsReader` reads each tensor with ``pread`` into a fresh buffer the merge then owns.
-:class:`ShardedWriter` lays out every output shard in advance (the tensor shapes are known before any is computed),
-writes the headers, then writes each tensor at its offset as soon as it is ready, from any thread and in any order:
-nothing is buffered beyond the tensor being written.
+:class:`SafetensorsReader` reads each tensor (or a piece of one) with ``pread`` into a fresh buffer the merge then
+owns. :class:`ShardedWriter` lays out every output shard in advance (the tensor shapes are known before any is
+computed), writes the headers, then writes each tensor (or piece) at its offset as soon as it is ready, from any
+thread and in any order: nothing is buffered beyond the tensor being written.
 """
 
 from __future__ import annotations
