@@ -67,9 +67,10 @@ def merge_streamed(
 ) -> int:
     """Compute ``task`` piece by piece into its slot of ``writer``; returns the bytes written."""
     numel = writer.slots[task.output_name].nbytes // task.dtype.itemsize
+    files = [(_plain(readers[model]), name) for model, name in task.sources]
 
     def read(start: int, count: int) -> list[torch.Tensor]:
-        return [readers[model].read_range(name, start, count) for model, name in task.sources]  # type: ignore[union-attr]
+        return [reader.read_range(name, start, count) for reader, name in files]
 
     shared, per_input = resolve_task_parameters(plan, task)
     dtype = compute_dtype(plan, read(0, 0))
@@ -101,3 +102,9 @@ def _float32_pieces(read: Pieces, numel: int, dtype: torch.dtype | None) -> Iter
     for start in range(0, numel, PIECE_ELEMENTS):
         pieces = round_inputs(read(start, min(PIECE_ELEMENTS, numel - start)), dtype)
         yield [t.to(torch.float32) for t in pieces]
+
+
+def _plain(reader: TensorReader) -> SafetensorsReader:
+    if not isinstance(reader, SafetensorsReader):
+        raise TypeError("only plain safetensors models are read in pieces (see can_read_pieces)")
+    return reader
