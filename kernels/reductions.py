@@ -51,19 +51,39 @@ def stable_abs_sum(x: torch.Tensor) -> torch.Tensor:
     return _chunked([x.reshape(-1)], lambda a: a.abs())
 
 
+class GramSums:
+    """:func:`stable_gram` fed piece by piece (a tensor streamed from disk): pieces cut at multiples of ``CHUNK``
+    elements (only the last may be shorter) give the very bits :func:`stable_gram` gives on the whole, because the
+    per-row partials and their fixed-order total are the same."""
+
+    def __init__(self) -> None:
+        self._partials: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] = ([], [], [])
+        self._ragged = False  # a piece shorter than a multiple of CHUNK was added: it must be the last
+
+    def add(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        if self._ragged:
+            raise ValueError("only the last piece may end off a CHUNK boundary")
+        flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+        self._ragged = flat_a.numel() % CHUNK != 0
+        for start in range(0, flat_a.numel(), CHUNK):
+            x = flat_a[start : start + CHUNK].to(torch.float64)
+            y = flat_b[start : start + CHUNK].to(torch.float64)
+            for bucket, product in zip(self._partials, (x * x, y * y, x * y)):
+                bucket.append(_row_sums(product))
+
+    def totals(self) -> tuple[float, float, float]:
+        """``(a·a, b·b, a·b)`` over every piece added."""
+        if not self._partials[0]:
+            return 0.0, 0.0, 0.0
+        aa, bb, ab = (float(_fixed_order_total(torch.cat(bucket))) for bucket in self._partials)
+        return aa, bb, ab
+
+
 def stable_gram(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
     """``(a·a, b·b, a·b)`` in one pass over the data (each chunk converted to float64 once)."""
-    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-    partials: list[list[torch.Tensor]] = [[], [], []]
-    for start in range(0, flat_a.numel(), CHUNK):
-        x = flat_a[start : start + CHUNK].to(torch.float64)
-        y = flat_b[start : start + CHUNK].to(torch.float64)
-        for bucket, product in zip(partials, (x * x, y * y, x * y)):
-            bucket.append(_row_sums(product))
-    if not partials[0]:
-        return 0.0, 0.0, 0.0
-    aa, bb, ab = (float(_fixed_order_total(torch.cat(bucket))) for bucket in partials)
-    return aa, bb, ab
+    sums = GramSums()
+    sums.add(a, b)
+    return sums.totals()
 
 
 def stable_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,11 @@
 
 Tensors are read lazily (``pread``, no memory map), merged by a small thread pool with a bounded number of tensors
 and working bytes in flight (:func:`alloy.merge.footprint.working_bytes`: inputs plus the kernel's temporaries,
-so that the peak resident set is the process's base plus the budget, or plus the one task larger than it), and written straight into preallocated shards. The merged folder is assembled in a
-hidden staging sibling of ``out_dir`` and renamed into place only when complete: a failure or a cancel leaves
-nothing at ``out_dir`` and no staging folder behind.
+so that the peak resident set is the process's base plus the budget, or plus the one task larger than it), and
+written straight into preallocated shards. A large tensor of an elementwise method is streamed instead
+(:mod:`alloy.merge.streamed`): read, merged and written a piece at a time, so that it costs the budget a piece.
+The merged folder is assembled in a hidden staging sibling of ``out_dir`` and renamed into place only when
+complete: a failure or a cancel leaves nothing at ``out_dir`` and no staging folder behind.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from alloy.merge.output_files import copy_base_files, write_config, write_model_
 from alloy.merge.plan import MergePlan, TensorTask, build_plan, layout_from_manifest, layout_from_state_dict
 from alloy.merge.recipe import MergeRecipe, validate_recipe
 from alloy.merge.recipe_checks import ignored_warnings
+from alloy.merge.streamed import can_read_pieces, merge_streamed, streams
 from alloy.merge.tensor_io import PlannedTensor, ShardedWriter
 from alloy.merge.tensor_merge import compute_tensor
 from alloy.merge.tokenizer_merge import prepare_tokenizer
@@ -243,6 +246,8 @@ def _run_tasks(
     def work(task: TensorTask) -> int:
         if stop.is_set():
             return 0
+        if device == "cpu" and streams(plan, task) and can_read_pieces(readers, task):
+            return merge_streamed(plan, task, readers, writer)
         inputs = [readers[model].read(name) for model, name in task.sources]
         out = compute_tensor(plan, task, inputs, device=device, owned=True)
         del inputs
@@ -279,7 +284,7 @@ def _run_tasks(
     pool = ThreadPoolExecutor(max_workers=max(1, min(workers, max_in_flight)), thread_name_prefix="alloy-merge")
     try:
         for task in plan.tasks:
-            cost = min(working_bytes(plan, task), max_in_flight_bytes)
+            cost = min(working_bytes(plan, task, streamed=device == "cpu"), max_in_flight_bytes)
             while in_flight and (len(in_flight) >= max_in_flight or budget_used + cost > max_in_flight_bytes):
                 collect(block_until_one=True)
             if cancel is not None and cancel.is_set():

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from alloy.merge import streamed as streaming
 from alloy.merge.plan import MergePlan, TensorTask
+from kernels import reductions
 
 # Resident bytes of a merge process before its first tensor: the interpreter, torch and Alloy's imports.
 BASE_RSS_BYTES = 250 * 1024**2
@@ -28,7 +30,7 @@ WORK_FACTOR = {
     "linear": 0.25,
     "task_arithmetic": 0.25,
     "passthrough": 0.0,
-    "slerp": 1.5,
+    "slerp": 0.0,  # written into its base's buffer; its gram scratch is SCRATCH_BYTES_PER_ELEMENT
     "ties": 0.5,
     "breadcrumbs": 0.75,
     "breadcrumbs_ties": 0.75,
@@ -38,6 +40,10 @@ WORK_FACTOR = {
     "della_linear": 4.0,
 }
 DEFAULT_WORK_FACTOR = 4.0
+# Scratch of a kernel's whole-tensor sums, per element of at most one chunk (kernels.reductions.CHUNK) of its
+# tensor, streamed or not: slerp's gram sums convert a chunk of both inputs to float64 and hold their three
+# products at once.
+SCRATCH_BYTES_PER_ELEMENT = {"slerp": 5 * 8}
 # CPU nanoseconds per input element (one element of one input), reading and writing included.
 NS_PER_INPUT_ELEMENT = {
     "linear": 6.0,
@@ -63,14 +69,18 @@ def task_numel(task: TensorTask) -> int:
     return count
 
 
-def working_bytes(plan: MergePlan, task: TensorTask) -> int:
+def working_bytes(plan: MergePlan, task: TensorTask, streamed: bool = True) -> int:
     """Bytes resident while ``task`` runs: its inputs as float32 plus the kernel's temporaries (a copied tensor:
-    the input and its converted copy)."""
+    the input and its converted copy); a task the executor streams (:func:`alloy.merge.streamed.streams`; not
+    with ``streamed=False``, a merge on a GPU) holds a piece of each instead, plus its sums' scratch."""
     numel = task_numel(task)
     if not task.compute:
         return 2 * numel * max(task.dtype.itemsize, 1)
+    scratch = min(numel, reductions.CHUNK) * SCRATCH_BYTES_PER_ELEMENT.get(plan.method.name, 0)
+    if streamed and streaming.streams(plan, task):
+        return streaming.PIECE_ELEMENTS * 4 * (len(task.sources) + 1) + scratch
     factor = WORK_FACTOR.get(plan.method.name, DEFAULT_WORK_FACTOR)
-    return int(numel * 4 * (len(task.sources) + factor))
+    return int(numel * 4 * (len(task.sources) + factor)) + scratch
 
 
 def compute_seconds(plan: MergePlan, task: TensorTask) -> float:

@@ -2,10 +2,10 @@
 
 Reading a tensor through a memory map leaves its pages mapped in the process (they count in its resident set
 until the map is closed), so a streamed merge of several large models would look as big as the models.
-:class:`SafetensorsReader` reads each tensor with ``pread`` into a fresh buffer the merge then owns.
-:class:`ShardedWriter` lays out every output shard in advance (the tensor shapes are known before any is computed),
-writes the headers, then writes each tensor at its offset as soon as it is ready, from any thread and in any order:
-nothing is buffered beyond the tensor being written.
+:class:`SafetensorsReader` reads each tensor (or a piece of one) with ``pread`` into a fresh buffer the merge then
+owns. :class:`ShardedWriter` lays out every output shard in advance (the tensor shapes are known before any is
+computed), writes the headers, then writes each tensor (or piece) at its offset as soon as it is ready, from any
+thread and in any order: nothing is buffered beyond the tensor being written.
 """
 
 from __future__ import annotations
@@ -109,6 +109,21 @@ class SafetensorsReader:
         if stored.nbytes:
             _read_exact(self._fd(stored.file), buffer.numpy().data, stored.start)
         return buffer.view(dtype).reshape(stored.shape)
+
+    def read_range(self, name: str, start: int, count: int) -> torch.Tensor:
+        """Elements ``[start, start + count)`` of the tensor in storage (row-major) order, as a flat tensor: a
+        piece of a large tensor without the rest of it in memory."""
+        stored = self.tensors[name]
+        dtype = TORCH_DTYPES.get(stored.dtype)
+        if dtype is None:
+            raise AlloyError(ErrorCode.VALIDATION_FAILED, f"tensor {name!r} has unsupported dtype {stored.dtype}")
+        size = dtype.itemsize
+        if start < 0 or count < 0 or (start + count) * size > stored.nbytes:
+            raise ValueError(f"{name}: elements [{start}, {start + count}) lie outside the tensor")
+        buffer = torch.empty(count * size, dtype=torch.uint8)
+        if count:
+            _read_exact(self._fd(stored.file), buffer.numpy().data, stored.start + start * size)
+        return buffer.view(dtype)
 
     def close(self) -> None:
         with self._lock:
@@ -220,6 +235,20 @@ class ShardedWriter:
         if slot.nbytes:
             _write_exact(self._fd_by_path[slot.file], flat.numpy().data, slot.start)
         return slot.nbytes
+
+    def write_range(self, name: str, start: int, piece: torch.Tensor) -> int:
+        """Write ``piece`` as elements ``[start, start + piece.numel())`` of a planned tensor (any thread); returns
+        its byte count. The pieces of a tensor written this way are the bytes :meth:`write` writes for the whole."""
+        slot = self.slots[name]
+        if piece.dtype != slot.dtype:
+            raise ValueError(f"{name}: planned {slot.dtype}, got a piece of {piece.dtype}")
+        flat = piece.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        offset = start * slot.dtype.itemsize
+        if start < 0 or offset + flat.numel() > slot.nbytes:
+            raise ValueError(f"{name}: a piece at element {start} runs past the tensor")
+        if flat.numel():
+            _write_exact(self._fd_by_path[slot.file], flat.numpy().data, slot.start + offset)
+        return flat.numel()
 
     def finish(self, index: bool = True) -> None:
         """Flush the shards to disk and write the index (unless ``index`` is False)."""

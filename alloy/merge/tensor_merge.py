@@ -11,7 +11,7 @@ parameters are matched against the output tensor's name, per-input ones against 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -106,21 +106,45 @@ def compute_tensor(
     random = getattr(plan.method, "random", False)
     generator = torch.Generator().manual_seed(tensor_seed(plan.recipe.seed, task.output_name)) if random else None
     dtype = compute_dtype(plan, inputs)
-    reduced = dtype is not None and dtype != torch.float32
-    if reduced:
-        inputs = [t.to(dtype) for t in inputs]
+    inputs = round_inputs(inputs, dtype)
     if task.vocabulary is not None:  # rows in output-vocabulary order, as the method must see them
         inputs = align_vocabulary(inputs, task.vocabulary)
     on_device = [t.to(device) for t in inputs] if device != "cpu" else inputs
-    options: dict[str, Any] = {"dtype": dtype} if reduced and plan.method.computes_in_dtype else {}
+    options = kernel_options(plan, dtype)
+    out = call_kernel(
+        task, plan.method.kernel, on_device, task.base_index, shared, per_input, generator, owned=owned, **options
+    )
+    return finish_output(plan, task, out, dtype)
+
+
+def is_reduced(dtype: torch.dtype | None) -> bool:
+    return dtype is not None and dtype != torch.float32
+
+
+def round_inputs(inputs: list[torch.Tensor], dtype: torch.dtype | None) -> list[torch.Tensor]:
+    """The inputs rounded to a reduced compute dtype (:func:`compute_dtype`), else as they are."""
+    return [t.to(dtype) for t in inputs] if is_reduced(dtype) else inputs
+
+
+def kernel_options(plan: MergePlan, dtype: torch.dtype | None) -> dict[str, Any]:
+    return {"dtype": dtype} if is_reduced(dtype) and plan.method.computes_in_dtype else {}
+
+
+def call_kernel(task: TensorTask, kernel: Callable[..., torch.Tensor], *args: Any, **options: Any) -> torch.Tensor:
+    """``kernel(*args, **options)``, its refusals turned into the merge's validation errors."""
     try:
-        out = plan.method.kernel(on_device, task.base_index, shared, per_input, generator, owned=owned, **options)
+        return kernel(*args, **options)
     except InvalidParameterError as exc:
         raise parameter_error(exc) from None
     except KernelError as exc:
         raise AlloyError(
             ErrorCode.VALIDATION_FAILED, f"{task.output_name}: {exc}", {"tensor": task.output_name}
         ) from None
-    if reduced and not plan.method.float32_result:
+
+
+def finish_output(plan: MergePlan, task: TensorTask, out: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A kernel's result as the output stores it: rounded to a reduced compute dtype unless the method keeps its
+    float32 result, then on the CPU in ``task.dtype``."""
+    if is_reduced(dtype) and not plan.method.float32_result:
         out = out.to(dtype)
     return out.to(device="cpu", dtype=task.dtype)
