@@ -191,3 +191,27 @@ def test_an_evolution_request_carries_a_dataflow_genome_to_the_space():
     )
     s = genome_space(spec, inputs)
     assert len(s.genes()) == 2 * 8 and s.decode_dict(s.initial())["seed"] == 5
+
+
+@pytest.mark.parametrize("path", [PATH, [Step(source="a", layer=t % LAYERS, scale=1.0) for t in range(2 * LAYERS)]])
+def test_a_candidate_of_another_depth_scores_like_a_model_built_at_that_depth(family, tiny_model_factory, path):
+    # The in-memory evaluator's skeleton has the base's 3 layers; PATH runs 3 of 6 steps... and the second path 6.
+    import transformers
+
+    from alloy.evaluation.loading import fit_layer_stack
+
+    s = space()
+    assert s.dataflow is not None
+    merged = merge_state_dicts(s.decode(encode_path(s.dataflow, s.dataflow_sources(), path)), family)
+    depth = sum(step.source is not None for step in path)
+    skeleton = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_factory("llama", seed=0, layers=LAYERS))
+    fit_layer_stack(skeleton, merged)
+    skeleton.load_state_dict(merged, strict=False)
+    config = transformers.AutoConfig.from_pretrained(tiny_model_factory("llama", seed=0, layers=LAYERS))
+    config.num_hidden_layers = depth
+    fresh = transformers.AutoModelForCausalLM.from_config(config)
+    fresh.load_state_dict(merged, strict=False)
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(skeleton.eval()(input_ids=ids).logits, fresh.eval()(input_ids=ids).logits)
+    assert skeleton.config.num_hidden_layers == depth
