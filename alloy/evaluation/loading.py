@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -111,7 +111,7 @@ def fit_layer_stack(model: torch.nn.Module, state_dict: Mapping[str, torch.Tenso
     copied from the last one (their weights come from ``state_dict`` right after), renumbered for the KV cache,
     and the config's depth follows. A skeleton without a recognisable block list is left as it is (the strict
     load then names the mismatch)."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     depth = getattr(config, "num_hidden_layers", None)
     indices = {index for name in state_dict if (index := layer_index(name)) is not None}
     if not isinstance(depth, int) or not indices or max(indices) + 1 == depth:
@@ -133,7 +133,7 @@ def fit_layer_stack(model: torch.nn.Module, state_dict: Mapping[str, torch.Tenso
     for index, block in enumerate(stack):
         for module in block.modules():
             if hasattr(module, "layer_idx"):
-                module.layer_idx = index
+                setattr(module, "layer_idx", index)  # noqa: B010  (mypy sees a Module attribute as a Tensor)
     config.num_hidden_layers = wanted
     if layer_types:
         config.layer_types = [layer_types[0]] * wanted
