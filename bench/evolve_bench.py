@@ -53,6 +53,8 @@ sys.path.insert(0, str(PROJECT_ROOT))
 # The grid a careful user would sweep by hand (TIES needs lambda > 1 once most of each task vector is trimmed).
 GRID_TA_LAMBDAS = (0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.2)
 GRID_TIES = tuple((density, lam) for density in (0.2, 0.5) for lam in (0.7, 1.0, 1.5, 2.0))  # (density, lambda)
+GRID_TA_SMALL = (0.5, 1.0)  # --grid small: for models whose every score takes a minute (causal-lm on a busy CPU)
+GRID_TIES_SMALL = ((0.5, 1.0),)
 SEARCHES = ("ps", "dfs", "ps+dfs")
 
 
@@ -86,6 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--finalists", type=int, default=None)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="logical CPUs of the private Ray head")
     parser.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
+    parser.add_argument(
+        "--grid", choices=("full", "small"), default="full", help="small: TA λ 0.5, 1.0 and TIES keep 50%% λ 1.0"
+    )
     parser.add_argument("--grid-json", default=None, help="default: bench/out/<preset>.json when it exists")
     parser.add_argument("--json", default=None, help="also write the results here")
     return parser.parse_args(argv)
@@ -180,9 +185,10 @@ def run_evolutions(args: argparse.Namespace) -> tuple[list[tuple[dict[str, Any],
         runs = []
         ps_runs: dict[tuple[str | None, int], tuple[dict[str, Any], dict[str, Any]]] = {}
         searches = args.search or ["ps"]
-        for search in [s for s in SEARCHES if s in searches]:  # ps before ps+dfs, whose first stage it is
+        # Seed by seed, ps before ps+dfs (whose first stage it is): a failing stage shows early.
+        for seed in args.seed or [0]:
             for kind in args.kind or [None]:
-                for seed in args.seed or [0]:
+                for search in [s for s in ("ps", "ps+dfs", "dfs") if s in searches]:
                     request = evolution_request(args, kind, seed, "ps" if search == "ps" else "dfs")
                     if search == "ps+dfs":
                         if (kind, seed) not in ps_runs:
@@ -197,6 +203,10 @@ def run_evolutions(args: argparse.Namespace) -> tuple[list[tuple[dict[str, Any],
                     elif search == "ps+dfs":
                         result["bench"]["stages"].insert(0, ps_runs[kind, seed][1]["search"])
                     runs.append((request, result))
+                    if args.json:  # what is done survives a later failure
+                        partial = Path(args.json).with_suffix(".partial.json")
+                        partial.parent.mkdir(parents=True, exist_ok=True)
+                        partial.write_text(json.dumps([{"request": q, "result": r} for q, r in runs], default=str))
         return runs, service
     finally:
         ray.shutdown()
@@ -230,17 +240,18 @@ class Models:
         return next(value for key, value in metrics.items() if key.startswith("mean_"))
 
 
-def grid_recipes(base: str, tunes: list[str]):
+def grid_recipes(base: str, tunes: list[str], size: str = "full"):
     from alloy.merge.recipe import MergeRecipe
 
     models = [{"model": m} for m in tunes]
-    for lam in GRID_TA_LAMBDAS:
+    lambdas, ties = (GRID_TA_LAMBDAS, GRID_TIES) if size == "full" else (GRID_TA_SMALL, GRID_TIES_SMALL)
+    for lam in lambdas:
         yield (
             f"task arithmetic λ={lam:g}",
             "task_arithmetic",
             MergeRecipe(strategy="task_arithmetic", base_model=base, models=models, parameters={"lambda": lam}),
         )
-    for density, lam in GRID_TIES:
+    for density, lam in ties:
         yield (
             f"TIES keep {density:.0%} λ={lam:g}",
             "ties",
@@ -275,12 +286,12 @@ def grid_from_json(path: Path) -> dict[str, dict[str, Any]] | None:
     return best
 
 
-def grid_computed(models: Models) -> dict[str, dict[str, Any]]:
+def grid_computed(models: Models, size: str = "full") -> dict[str, dict[str, Any]]:
     from alloy.merge.executor import merge_state_dicts
 
     best: dict[str, dict[str, Any]] = {}
     sign = 1 if all(models.evaluators["dev"].metric_directions().values()) else -1  # perplexity: lower is better
-    for name, family, recipe in grid_recipes(models.space.base_model, models.space.models):
+    for name, family, recipe in grid_recipes(models.space.base_model, models.space.models, size):
         state = merge_state_dicts(recipe, models.tensors)
         dev = models.mean_score(state, "dev")
         print(f"  grid {name}: dev {dev:.4f}", flush=True)
@@ -407,7 +418,7 @@ def print_report(args, models: Models, runs, rows, grid, own, bare_s: float) -> 
         norm = normalized(row.get("per_dataset", {}), own)
         print(
             f"| best grid {family}: {row['name']} | {unit * row['test']:.{2 if unit == 1 else 1}f} | "
-            f"{f'{100 * norm:.1f}' if norm is not None else '-'} | {len(GRID_TA_LAMBDAS if family == 'task_arithmetic' else GRID_TIES)} | - | - |"
+            f"{f'{100 * norm:.1f}' if norm is not None else '-'} | - | - | - |"
         )
     first = rows[0]
     slots = concurrent_trials(search, args.cpus)
@@ -433,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = grid_from_json(grid_path)
     if grid is None:
         print(f"(no grid results at {grid_path}: computing the grid here)", flush=True)
-        grid = grid_computed(models)
+        grid = grid_computed(models, args.grid)
     bare_s = bare_candidate_seconds(models, result, request["search"].get("dev_batch_size"))
     own = {d: result["test"]["per_dataset"][m][d] for d, m in models.own_finetune.items()}
     rows = run_rows(runs, own)
