@@ -93,6 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--grid-json", default=None, help="default: bench/out/<preset>.json when it exists")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument(
+        "--from-json",
+        default=None,
+        help="report the runs of this file (a --json output or its .partial.json) instead of running them",
+    )
+    parser.add_argument("--bare-repeats", type=int, default=3, help="bare candidates timed (median)")
     return parser.parse_args(argv)
 
 
@@ -148,6 +154,15 @@ def run_one(service, request: dict[str, Any]) -> dict[str, Any]:
         raise SystemExit(f"evolution {job.id} ended {record.state.value}: {record.error}")
     print(f"evolution done in {time.perf_counter() - started:.0f}s", flush=True)
     return result
+
+
+def runs_from_json(path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The (request, result) pairs of an earlier bench: its ``--json`` output or the ``.partial.json`` kept as
+    it ran (the grid, the bare candidate and the table are then computed as after a run)."""
+    data = json.loads(path.read_text())
+    if isinstance(data, list):
+        return [(entry["request"], entry["result"]) for entry in data]
+    return list(zip(data["requests"], data["results"]))
 
 
 def bench_service(args: argparse.Namespace):
@@ -437,7 +452,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     bench_started = time.perf_counter()
-    runs, service = run_evolutions(args)
+    if args.from_json:
+        runs, service = runs_from_json(Path(args.from_json)), bench_service(args)
+    else:
+        runs, service = run_evolutions(args)
     request, result = runs[0]
     models = Models(service, request)
     grid_path = Path(args.grid_json or PROJECT_ROOT / "bench" / "out" / f"{args.preset}.json")
@@ -445,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     if grid is None:
         print(f"(no grid results at {grid_path}: computing the grid here)", flush=True)
         grid = grid_computed(models, args.grid)
-    bare_s = bare_candidate_seconds(models, result, request["search"].get("dev_batch_size"))
+    bare_s = bare_candidate_seconds(models, result, request["search"].get("dev_batch_size"), args.bare_repeats)
     own = {d: result["test"]["per_dataset"][m][d] for d, m in models.own_finetune.items()}
     rows = run_rows(runs, own)
     print_report(args, models, runs, rows, grid, own, bare_s)
