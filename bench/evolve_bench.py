@@ -284,6 +284,8 @@ def grid_from_json(path: Path) -> dict[str, dict[str, Any]] | None:
     if not path.exists():
         return None
     families = json.loads(path.read_text())
+    if isinstance(families, dict) and "grid" in families:  # this bench's own --json output
+        return families["grid"]
     rows = [row for family in families for row in family.get("rows", [])]
     best: dict[str, dict[str, Any]] = {}
     for family in ("task_arithmetic", "ties"):
