@@ -215,3 +215,40 @@ def test_a_candidate_of_another_depth_scores_like_a_model_built_at_that_depth(fa
     with torch.no_grad():
         assert torch.equal(skeleton.eval()(input_ids=ids).logits, fresh.eval()(input_ids=ids).logits)
     assert skeleton.config.num_hidden_layers == depth
+
+
+def test_the_bench_second_stage_adds_the_ps_winner_as_a_source_and_the_initial_path():
+    from bench.evolve_bench import second_stage
+
+    class Service:  # resolves the PS request's preset to its parents, as EvolutionService does
+        def resolve_inputs(self, spec):
+            parents = {"base": Path(), "a": Path(), "b": Path()}
+            return ResolvedInputs(parents=parents, base_model="base", dataset_ids=["d1", "d2"], source=None)
+
+    ps = {
+        "name": "ps",
+        "preset": "causal-lm",
+        "strategy": "task_arithmetic",
+        "genome": {"per_model": {"weight": [0, 1]}},
+    }
+    dfs = {
+        "name": "dfs",
+        "preset": "causal-lm",
+        "strategy": "franken_merge",
+        "genome": {"dataflow": {"num_layers": LAYERS}},
+        "search": {"seed": 1},
+    }
+    request = second_stage(dfs, Service(), ps, {"model_id": "ps-winner"})
+    assert "preset" not in request and request["models"] == ["a", "b", "ps-winner"]
+    assert request["base_model"] == "base" and request["datasets"] == ["d1", "d2"]
+    s = genome_space(
+        parse_spec(request),
+        ResolvedInputs(
+            parents={m: Path() for m in ["base", *request["models"]]},
+            base_model="base",
+            dataset_ids=request["datasets"],
+            source=None,
+        ),
+    )
+    assert s.decode_dict(s.initial())["slices"] == [piece("ps-winner", 0, LAYERS, 1.0)]
+    assert "preset" in dfs  # the shared DFS request is left as it was
