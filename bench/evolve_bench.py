@@ -4,6 +4,13 @@ the held-out test average, candidate throughput, and the orchestration overhead 
     nice python -m bench.evolve_bench --preset encoder-5task --population 6 --generations 4 \
         --kind pbt --kind random --seed 0 --seed 1 --seed 2 --json bench/out/evolve-encoder-5task.json
     python -m bench.evolve_bench --preset tiny          # seconds; a smoke run
+    nice python -m bench.evolve_bench --preset causal-lm --search ps --search dfs --search ps+dfs \
+        --seed 0 --seed 1 --json bench/out/evolve-causal-lm-dfs.json   # parameter vs data-flow space
+
+Searches (``--search``, repeatable): ``ps`` evolves ``--config`` (parameter space, the default), ``dfs`` evolves
+``--dfs-config`` (a layer path, :mod:`evolution.dataflow`), ``ps+dfs`` is Sakana's two-stage PS+DFS: the ``ps``
+run of the same kind and seed (run first when not asked for) registers its winner, which becomes one more source
+and the initial path of a ``dfs`` run over the same parents; its candidates and wall time are both stages'.
 
 Protocol: the model zoo is fixed (the preset), the search is seeded: every ``--kind`` runs once per ``--seed``
 with the same genome and the same candidate budget (population x generations of ``--config``), so ``random`` is
@@ -46,6 +53,9 @@ sys.path.insert(0, str(PROJECT_ROOT))
 # The grid a careful user would sweep by hand (TIES needs lambda > 1 once most of each task vector is trimmed).
 GRID_TA_LAMBDAS = (0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.2)
 GRID_TIES = tuple((density, lam) for density in (0.2, 0.5) for lam in (0.7, 1.0, 1.5, 2.0))  # (density, lambda)
+GRID_TA_SMALL = (0.5, 1.0)  # --grid small: for models whose every score takes a minute (causal-lm on a busy CPU)
+GRID_TIES_SMALL = ((0.5, 1.0),)
+SEARCHES = ("ps", "dfs", "ps+dfs")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,6 +71,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="search.kind; repeat to compare kinds (default: the config's)",
     )
     parser.add_argument(
+        "--search",
+        action="append",
+        choices=SEARCHES,
+        default=None,
+        help="parameter space, data-flow space or both in two stages; repeat to compare (default: ps)",
+    )
+    parser.add_argument("--dfs-config", default=None, help="default: configs/evolve-<preset>-dfs.yaml")
+    parser.add_argument(
         "--seed", action="append", type=int, default=None, help="search.seed; repeat for several (default: 0)"
     )
     parser.add_argument("--population", type=int, default=None)
@@ -70,18 +88,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--finalists", type=int, default=None)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="logical CPUs of the private Ray head")
     parser.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
+    parser.add_argument(
+        "--grid", choices=("full", "small"), default="full", help="small: TA λ 0.5, 1.0 and TIES keep 50%% λ 1.0"
+    )
     parser.add_argument("--grid-json", default=None, help="default: bench/out/<preset>.json when it exists")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument(
+        "--from-json",
+        default=None,
+        help="report the runs of this file (a --json output or its .partial.json) instead of running them",
+    )
+    parser.add_argument("--bare-repeats", type=int, default=3, help="bare candidates timed (median)")
     return parser.parse_args(argv)
 
 
 # ---- the evolution ---------------------------------------------------------------------------------------
-def evolution_request(args: argparse.Namespace, kind: str | None, seed: int) -> dict[str, Any]:
+def evolution_request(args: argparse.Namespace, kind: str | None, seed: int, search: str = "ps") -> dict[str, Any]:
     import yaml
 
-    path = Path(args.config or PROJECT_ROOT / "configs" / f"evolve-{args.preset}.yaml")
+    if search == "ps":
+        path = Path(args.config or PROJECT_ROOT / "configs" / f"evolve-{args.preset}.yaml")
+    else:
+        path = Path(args.dfs_config or PROJECT_ROOT / "configs" / f"evolve-{args.preset}-dfs.yaml")
     request = yaml.safe_load(path.read_text())
-    search = request.setdefault("search", {})
+    search_name, search = search, request.setdefault("search", {})
     for key, value in (
         ("kind", kind),
         ("seed", seed),
@@ -93,9 +123,46 @@ def evolution_request(args: argparse.Namespace, kind: str | None, seed: int) -> 
     ):
         if value is not None:
             search[key] = value
-    request["name"] = f"evolve-bench {args.preset} {search.get('kind', 'pbt')} seed {seed}"
+    request["name"] = f"evolve-bench {args.preset} {search_name} {search.get('kind', 'pbt')} seed {seed}"
     request.pop("output_model_id", None)  # one registered model per run
     return request
+
+
+def second_stage(request: dict[str, Any], service, ps_request: dict[str, Any], ps_result: dict[str, Any]):
+    """PS+DFS's second stage: the DFS request over the PS run's parents plus its registered winner (one more
+    source, and the initial path), named explicitly instead of through the preset."""
+    from evolution.config import parse_spec
+
+    inputs = service.resolve_inputs(parse_spec(ps_request))
+    winner = ps_result["model_id"]
+    request = {**request, "name": f"{request['name']} (PS+DFS, stage 2 over {winner})"}
+    request.pop("preset", None)
+    request["models"] = [m for m in inputs.parents if m != inputs.base_model] + [winner]
+    request["base_model"] = inputs.base_model
+    request["datasets"] = list(inputs.dataset_ids)
+    request["genome"] = {**request["genome"], "dataflow": {**request["genome"]["dataflow"], "init_source": winner}}
+    return request
+
+
+def run_one(service, request: dict[str, Any]) -> dict[str, Any]:
+    job = service.jobs.create("evolution", request, owner="evolve-bench")
+    print(f"evolution job {job.id}: {request['name']}: {json.dumps(request['search'])}", flush=True)
+    started = time.perf_counter()
+    result = service.run_job(job.id)
+    record = service.jobs.get(job.id)
+    if record.state.value != "COMPLETED":
+        raise SystemExit(f"evolution {job.id} ended {record.state.value}: {record.error}")
+    print(f"evolution done in {time.perf_counter() - started:.0f}s", flush=True)
+    return result
+
+
+def runs_from_json(path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The (request, result) pairs of an earlier bench: its ``--json`` output or the ``.partial.json`` kept as
+    it ran (the grid, the bare candidate and the table are then computed as after a run)."""
+    data = json.loads(path.read_text())
+    if isinstance(data, list):
+        return [(entry["request"], entry["result"]) for entry in data]
+    return list(zip(data["requests"], data["results"]))
 
 
 def bench_service(args: argparse.Namespace):
@@ -131,18 +198,30 @@ def run_evolutions(args: argparse.Namespace) -> tuple[list[tuple[dict[str, Any],
         ray.init(address=address, log_to_driver=False)
         service = bench_service(args)
         runs = []
-        for kind in args.kind or [None]:
-            for seed in args.seed or [0]:
-                request = evolution_request(args, kind, seed)
-                job = service.jobs.create("evolution", request, owner="evolve-bench")
-                print(f"evolution job {job.id}: {json.dumps(request['search'])}", flush=True)
-                started = time.perf_counter()
-                result = service.run_job(job.id)
-                record = service.jobs.get(job.id)
-                if record.state.value != "COMPLETED":
-                    raise SystemExit(f"evolution {job.id} ended {record.state.value}: {record.error}")
-                print(f"evolution done in {time.perf_counter() - started:.0f}s", flush=True)
-                runs.append((request, result))
+        ps_runs: dict[tuple[str | None, int], tuple[dict[str, Any], dict[str, Any]]] = {}
+        searches = args.search or ["ps"]
+        # Seed by seed, ps before ps+dfs (whose first stage it is): a failing stage shows early.
+        for seed in args.seed or [0]:
+            for kind in args.kind or [None]:
+                for search in [s for s in ("ps", "ps+dfs", "dfs") if s in searches]:
+                    request = evolution_request(args, kind, seed, "ps" if search == "ps" else "dfs")
+                    if search == "ps+dfs":
+                        if (kind, seed) not in ps_runs:
+                            ps_request = evolution_request(args, kind, seed, "ps")
+                            ps_runs[kind, seed] = ps_request, run_one(service, ps_request)
+                        ps_request, ps_result = ps_runs[kind, seed]
+                        request = second_stage(request, service, ps_request, ps_result)
+                    result = run_one(service, request)
+                    result["bench"] = {"search": search, "stages": [result["search"]]}
+                    if search == "ps":
+                        ps_runs[kind, seed] = request, result
+                    elif search == "ps+dfs":
+                        result["bench"]["stages"].insert(0, ps_runs[kind, seed][1]["search"])
+                    runs.append((request, result))
+                    if args.json:  # what is done survives a later failure
+                        partial = Path(args.json).with_suffix(".partial.json")
+                        partial.parent.mkdir(parents=True, exist_ok=True)
+                        partial.write_text(json.dumps([{"request": q, "result": r} for q, r in runs], default=str))
         return runs, service
     finally:
         ray.shutdown()
@@ -176,17 +255,18 @@ class Models:
         return next(value for key, value in metrics.items() if key.startswith("mean_"))
 
 
-def grid_recipes(base: str, tunes: list[str]):
+def grid_recipes(base: str, tunes: list[str], size: str = "full"):
     from alloy.merge.recipe import MergeRecipe
 
     models = [{"model": m} for m in tunes]
-    for lam in GRID_TA_LAMBDAS:
+    lambdas, ties = (GRID_TA_LAMBDAS, GRID_TIES) if size == "full" else (GRID_TA_SMALL, GRID_TIES_SMALL)
+    for lam in lambdas:
         yield (
             f"task arithmetic λ={lam:g}",
             "task_arithmetic",
             MergeRecipe(strategy="task_arithmetic", base_model=base, models=models, parameters={"lambda": lam}),
         )
-    for density, lam in GRID_TIES:
+    for density, lam in ties:
         yield (
             f"TIES keep {density:.0%} λ={lam:g}",
             "ties",
@@ -204,6 +284,8 @@ def grid_from_json(path: Path) -> dict[str, dict[str, Any]] | None:
     if not path.exists():
         return None
     families = json.loads(path.read_text())
+    if isinstance(families, dict) and "grid" in families:  # this bench's own --json output
+        return families["grid"]
     rows = [row for family in families for row in family.get("rows", [])]
     best: dict[str, dict[str, Any]] = {}
     for family in ("task_arithmetic", "ties"):
@@ -221,15 +303,16 @@ def grid_from_json(path: Path) -> dict[str, dict[str, Any]] | None:
     return best
 
 
-def grid_computed(models: Models) -> dict[str, dict[str, Any]]:
+def grid_computed(models: Models, size: str = "full") -> dict[str, dict[str, Any]]:
     from alloy.merge.executor import merge_state_dicts
 
     best: dict[str, dict[str, Any]] = {}
-    for name, family, recipe in grid_recipes(models.space.base_model, models.space.models):
+    sign = 1 if all(models.evaluators["dev"].metric_directions().values()) else -1  # perplexity: lower is better
+    for name, family, recipe in grid_recipes(models.space.base_model, models.space.models, size):
         state = merge_state_dicts(recipe, models.tensors)
         dev = models.mean_score(state, "dev")
         print(f"  grid {name}: dev {dev:.4f}", flush=True)
-        if family not in best or dev > best[family]["dev"]:
+        if family not in best or sign * dev > sign * best[family]["dev"]:
             best[family] = {"name": name, "dev": dev, "recipe": recipe}
     for row in best.values():
         metrics = models.evaluators["test"].score(merge_state_dicts(row.pop("recipe"), models.tensors))
@@ -281,10 +364,15 @@ def normalized(per_dataset: dict[str, float], own: dict[str, float]) -> float | 
     return statistics.fmean(per_dataset[d] / own[d] for d in per_dataset)
 
 
-def spread(values: list[float]) -> str:
+def spread(values: list[float], unit: float = 100) -> str:
     mean = statistics.fmean(values)
     deviation = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * mean:.1f} ± {100 * deviation:.1f}"
+    return f"{unit * mean:.{2 if unit == 1 else 1}f} ± {unit * deviation:.{2 if unit == 1 else 1}f}"
+
+
+def unit_of(metric: str) -> float:
+    """Accuracies print as percentages, perplexities as they are."""
+    return 1.0 if "perplexity" in metric else 100.0
 
 
 # ---- report ---------------------------------------------------------------------------------------------
@@ -293,17 +381,20 @@ def run_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]], own: dict[str, f
     for request, result in runs:
         per_dataset = result["test"]["per_dataset"][result["model_id"]]
         scores = {d: v for d, v in per_dataset.items() if not d.startswith("mean_")}
+        bench = result.get("bench", {"search": "ps", "stages": [result["search"]]})
+        candidates = sum(stage["evaluated_this_run"] for stage in bench["stages"])  # PS+DFS: both stages
+        wall_s = sum(stage["search_wall_s"] for stage in bench["stages"])
         rows.append(
             {
-                "kind": result["search"]["kind"],
+                "kind": f"{bench['search']} {result['search']['kind']}",
                 "seed": request["search"].get("seed", 0),
                 "model_id": result["model_id"],
                 "dev_fitness": result["dev_fitness"],
                 "test": result["test"]["scores"][result["model_id"]],
                 "normalized": normalized(scores, own),
-                "candidates": result["search"]["evaluated_this_run"],
-                "search_wall_s": result["search"]["search_wall_s"],
-                "candidates_per_minute": result["search"]["candidates_per_minute"],
+                "candidates": candidates,
+                "search_wall_s": wall_s,
+                "candidates_per_minute": round(candidates / max(wall_s, 1e-9) * 60, 2),
             }
         )
     return rows
@@ -318,27 +409,33 @@ def print_report(args, models: Models, runs, rows, grid, own, bare_s: float) -> 
         f"\n## evolve bench: {args.preset}, test {metric} (held-out), population {search.get('population')} x "
         f"{search.get('generations')} generations per run, seeds {seeds}\n"
     )
-    print(f"| model | test {metric} (mean ± sd over seeds) | normalized | candidates/min |\n|---|---|---|---|")
+    unit = unit_of(metric)
+    print(
+        f"| model | test {metric} (mean ± sd over seeds) | normalized | candidates (mean) | search wall s (mean) "
+        "| candidates/min |\n|---|---|---|---|---|---|"
+    )
     for kind in dict.fromkeys(row["kind"] for row in rows):
         mine = [row for row in rows if row["kind"] == kind]
         norms = [row["normalized"] for row in mine if row["normalized"] is not None]
         rate = statistics.fmean(row["candidates_per_minute"] for row in mine)
+        count = statistics.fmean(row["candidates"] for row in mine)
+        wall = statistics.fmean(row["search_wall_s"] for row in mine)
         print(
-            f"| evolved, {kind} ({len(mine)} seeds) | {spread([row['test'] for row in mine])} | "
-            f"{spread(norms) if norms else '-'} | {rate:.1f} |"
+            f"| evolved, {kind} ({len(mine)} seeds) | {spread([row['test'] for row in mine], unit)} | "
+            f"{spread(norms) if norms else '-'} | {count:.0f} | {wall:.0f} | {rate:.1f} |"
         )
     scores = result["test"]["per_dataset"]
     for model_id in [*models.space.models, models.space.base_model]:
         per = {d: v for d, v in scores[model_id].items() if not d.startswith("mean_")}
         norm = normalized(per, own)
         label = "base" if model_id == models.space.base_model else "parent"
-        line = f"| {label} {model_id} | {100 * result['test']['scores'][model_id]:.1f} |"
-        print(f"{line} {100 * norm:.1f} | - |" if norm is not None else f"{line} - | - |")
+        line = f"| {label} {model_id} | {unit * result['test']['scores'][model_id]:.{2 if unit == 1 else 1}f} |"
+        print(f"{line} {100 * norm:.1f} | - | - | - |" if norm is not None else f"{line} - | - | - | - |")
     for family, row in grid.items():
         norm = normalized(row.get("per_dataset", {}), own)
         print(
-            f"| best grid {family}: {row['name']} | {100 * row['test']:.1f} | "
-            f"{f'{100 * norm:.1f}' if norm is not None else '-'} | - |"
+            f"| best grid {family}: {row['name']} | {unit * row['test']:.{2 if unit == 1 else 1}f} | "
+            f"{f'{100 * norm:.1f}' if norm is not None else '-'} | - | - | - |"
         )
     first = rows[0]
     slots = concurrent_trials(search, args.cpus)
@@ -357,15 +454,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     bench_started = time.perf_counter()
-    runs, service = run_evolutions(args)
+    if args.from_json:
+        runs, service = runs_from_json(Path(args.from_json)), bench_service(args)
+    else:
+        runs, service = run_evolutions(args)
     request, result = runs[0]
     models = Models(service, request)
     grid_path = Path(args.grid_json or PROJECT_ROOT / "bench" / "out" / f"{args.preset}.json")
     grid = grid_from_json(grid_path)
     if grid is None:
         print(f"(no grid results at {grid_path}: computing the grid here)", flush=True)
-        grid = grid_computed(models)
-    bare_s = bare_candidate_seconds(models, result, request["search"].get("dev_batch_size"))
+        grid = grid_computed(models, args.grid)
+    bare_s = bare_candidate_seconds(models, result, request["search"].get("dev_batch_size"), args.bare_repeats)
     own = {d: result["test"]["per_dataset"][m][d] for d, m in models.own_finetune.items()}
     rows = run_rows(runs, own)
     print_report(args, models, runs, rows, grid, own, bare_s)

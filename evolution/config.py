@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from alloy.errors import AlloyError, ErrorCode, from_validation_error
 from alloy.ids import ResourceId, ShortText
 from alloy.jobs.merge_request import SplitName
+from evolution.dataflow import DataFlowGenome
 from evolution.genome import Bounds, FrankenGenome
 
 # pbt: population-based training; cmaes: CMA-ES; random: uniform random search over the same genome and budget
@@ -39,6 +40,9 @@ class GenomeBounds(BaseModel):
     )
     layer_groups: int = Field(1, ge=1, le=64, description="> 1: one gene per layer group (a gradient list)")
     franken: FrankenGenome | None = None
+    dataflow: DataFlowGenome | None = Field(
+        None, description="a layer-path (DFS) genome: strategy franken_merge, no other genes"
+    )
     operators: list[str] | None = Field(
         None,
         min_length=2,

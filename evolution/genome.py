@@ -11,6 +11,10 @@ The optional layer-order (data-flow) genome of a franken merge is a fixed number
 genes (model, start layer, length) and decodes to one ``{model, layer_range: [start, end)}`` slice; a slot whose
 length decodes to zero is skipped, so the search can also shorten the stack.
 
+The optional data-flow genome (DFS, :mod:`evolution.dataflow`) is a layer path of ``repeats x num_layers`` steps,
+each choosing a source model's layer (or a skip) and a scale; it decodes to a franken ``slices`` recipe and stands
+alone (PS+DFS runs the parameter-space search first and adds its winner to the path's sources).
+
 The optional operator gene (``operators``: merge method names, e.g. task_arithmetic, ties, tsv, iso_c, iso_cts)
 chooses the merge method: a real gene over ``[0, n)`` floored to an index (so CMA-ES and Optuna's samplers search
 it like any other gene), decoded to the method's strategy family and ``variant``; a searched parameter the chosen
@@ -28,53 +32,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from evolution.dataflow import DataFlowGenome, dataflow_genes, dataflow_sources, decode_dataflow
+from evolution.genes import Bounds, GeneSpec
+
 Genome = dict[str, float]
-
-
-class Bounds(BaseModel):
-    """A closed interval for one parameter, with an optional starting value for the seed individual."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    low: float = Field(allow_inf_nan=False)
-    high: float = Field(allow_inf_nan=False)
-    init: float | None = Field(None, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_pair(cls, value: Any) -> Any:
-        # YAML shorthand: `density: [0.1, 1.0]` or `[0.1, 1.0, 0.5]` (low, high, init).
-        if isinstance(value, (list, tuple)):
-            if len(value) not in (2, 3):
-                raise ValueError("bounds are [low, high] or [low, high, init]")
-            return {"low": value[0], "high": value[1], **({"init": value[2]} if len(value) == 3 else {})}
-        return value
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Bounds:
-        if not self.low < self.high:
-            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
-        if self.init is not None and not self.low <= self.init <= self.high:
-            raise ValueError(f"init ({self.init}) lies outside [{self.low}, {self.high}]")
-        return self
-
-    @property
-    def start(self) -> float:
-        return self.init if self.init is not None else (self.low + self.high) / 2
-
-    def clip(self, value: float) -> float:
-        return min(max(value, self.low), self.high)
-
-
-class GeneSpec(BaseModel):
-    """One gene: its name, its bounds and, for decoding, where it goes in the recipe."""
-
-    name: str
-    bounds: Bounds
-    parameter: str
-    model_index: int | None = None  # None: a global recipe parameter
-    group: int | None = None  # None: one value for every layer
-    choices: list[str] | None = None  # a choice gene: the value floors to an index into these
 
 
 OPERATOR_GENE = "operator"
@@ -107,6 +68,7 @@ class GenomeSpace(BaseModel):
     fixed: dict[str, Any] = Field(default_factory=dict)
     layer_groups: int = Field(1, ge=1, le=64)
     franken: FrankenGenome | None = None
+    dataflow: DataFlowGenome | None = None  # the layer path (DFS): see evolution.dataflow
     operators: list[str] | None = Field(None, min_length=2, description="merge methods the operator gene picks")
     dtype: str | None = None
     seed: int | None = None
@@ -121,8 +83,13 @@ class GenomeSpace(BaseModel):
 
     @model_validator(mode="after")
     def _something_to_search(self) -> GenomeSpace:
-        if not (self.per_model or self.global_parameters or self.franken):
-            raise ValueError("the genome is empty: give per_model or global_parameters bounds, or a franken genome")
+        if not (self.per_model or self.global_parameters or self.franken or self.dataflow):
+            raise ValueError(
+                "the genome is empty: give per_model or global_parameters bounds, a franken or a dataflow genome"
+            )
+        if self.dataflow is not None:
+            _check_dataflow(self, self.dataflow)
+            return self
         _check_against_strategy(self)
         return self
 
@@ -149,6 +116,8 @@ class GenomeSpace(BaseModel):
                 )
         if self.franken is not None:
             genes.extend(self._franken_genes(self.franken))
+        if self.dataflow is not None:
+            genes.extend(dataflow_genes(self.dataflow, self.dataflow_sources()))
         if self.operators is not None:
             count = len(self.operators)
             genes.append(
@@ -160,6 +129,12 @@ class GenomeSpace(BaseModel):
                 )
             )
         return genes
+
+    def dataflow_sources(self) -> list[str]:
+        """The models a data-flow path draws layers from (the parents, then the base): none without a path."""
+        if self.dataflow is None:
+            return []
+        return dataflow_sources(self.dataflow, self.models, self.base_model)
 
     def gene_map(self) -> dict[str, GeneSpec]:
         return {gene.name: gene for gene in self.genes()}
@@ -260,6 +235,8 @@ class GenomeSpace(BaseModel):
         """The recipe as the plain dict Alloy's ``MergeRecipe`` validates (kept dict-shaped so that decoding
         needs no merge code, e.g. in the driver's tracker callback)."""
         genome = self.validate_genome(genome)
+        if self.dataflow is not None:  # a path genome has no other genes (PS+DFS runs PS as its first stage)
+            return decode_dataflow(self.dataflow, self.dataflow_sources(), genome, dtype=self.dtype, seed=self.seed)
         method = self.operator_of(genome)
         declared = _declared_by(method)
         models = []
@@ -329,6 +306,27 @@ def _check_against_strategy(space: GenomeSpace) -> None:
     for method in methods:
         for corner in ("low", "high"):
             _check_corner(space, method, corner)
+
+
+def _check_dataflow(space: GenomeSpace, flow: DataFlowGenome) -> None:
+    """A path genome stands alone (franken_merge, no parameter genes) and every path it can decode to is a valid
+    recipe: checked on the initial path and on the one that runs every step of the last source at each scale
+    bound (the longest stack, every step its own scale)."""
+    from alloy.errors import AlloyError
+    from alloy.merge.recipe import MergeRecipe, validate_recipe
+
+    if space.strategy != "franken_merge":
+        raise ValueError("a dataflow genome needs strategy franken_merge")
+    if space.per_model or space.global_parameters or space.franken or space.operators:
+        raise ValueError("a dataflow genome takes no other genes (PS+DFS runs the PS search as its first stage)")
+    genes = dataflow_genes(flow, space.dataflow_sources())
+    # Every step runs (the last source), the scales alternate between their bounds: no two steps merge.
+    longest = {g.name: g.bounds.high if g.choices or i % 4 == 3 else g.bounds.low for i, g in enumerate(genes)}
+    for genome in ({g.name: g.bounds.start for g in genes}, longest):
+        try:
+            validate_recipe(MergeRecipe.model_validate(space.decode_dict(genome)))
+        except AlloyError as exc:
+            raise ValueError(f"the search space can decode to a refused recipe: {exc.message}") from None
 
 
 def _check_corner(space: GenomeSpace, method: str | None, corner: str) -> None:

@@ -88,6 +88,7 @@ def genome_space(spec: EvolutionSpec, inputs: ResolvedInputs) -> GenomeSpace:
             fixed=genome.fixed,
             layer_groups=genome.layer_groups,
             franken=genome.franken,
+            dataflow=genome.dataflow,
             operators=genome.operators,
             dtype=spec.dtype,
             seed=spec.search.seed,

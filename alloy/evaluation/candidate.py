@@ -14,7 +14,7 @@ import torch
 
 from alloy.errors import validation_failed
 from alloy.evaluation.dataset_sources import DatasetSource
-from alloy.evaluation.loading import LoadedModel, load_model, load_weights, tied_parameter_names
+from alloy.evaluation.loading import LoadedModel, fit_layer_stack, load_model, load_weights, tied_parameter_names
 from alloy.evaluation.prepared import PreparedDataset, prepare_dataset
 from alloy.evaluation.tasks import higher_is_better
 
@@ -105,5 +105,6 @@ class CandidateEvaluator:
     def score(self, state_dict: Mapping[str, torch.Tensor], batch_indices: Indices = None) -> dict[str, float]:
         """Load ``state_dict`` into the skeleton and score it: ``{dataset_id: value, "mean_<metric>": ...}``."""
         with torch.no_grad():
+            fit_layer_stack(self.loaded.model, state_dict)  # a franken candidate may have another depth
             load_weights(self.loaded.model, dict(state_dict), self.tied)
         return self.score_loaded(batch_indices)

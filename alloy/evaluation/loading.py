@@ -5,17 +5,20 @@ model and the damaged file, :func:`alloy.storage.integrity.damaged_model`), neve
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from alloy.errors import AlloyError, ErrorCode, validation_failed
 from alloy.model_manifest import weight_files
 from alloy.storage.integrity import Damage, damaged_model, safetensors_problem
+from kernels.params import layer_index
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,50 @@ def tied_parameter_names(model: torch.nn.Module) -> set[str]:
         else:
             seen[key] = name
     return tied
+
+
+def fit_layer_stack(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Give the skeleton as many transformer blocks as ``state_dict`` has: a layer-stacking (franken, data-flow)
+    candidate may be shallower or deeper than the model it is scored in. Blocks are dropped from the end or
+    copied from the last one (their weights come from ``state_dict`` right after), renumbered for the KV cache,
+    and the config's depth follows. A skeleton without a recognisable block list is left as it is (the strict
+    load then names the mismatch)."""
+    config: Any = getattr(model, "config", None)
+    depth = getattr(config, "num_hidden_layers", None)
+    indices = {index for name in state_dict if (index := layer_index(name)) is not None}
+    if not isinstance(depth, int) or not indices or max(indices) + 1 == depth:
+        return
+    wanted = max(indices) + 1
+    stack = _block_list(model, depth)
+    if stack is None:
+        return
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and len(set(layer_types)) > 1:
+        raise validation_failed(
+            "a candidate of another depth cannot be scored in a skeleton whose layers are of several types",
+            depth=wanted,
+        )
+    if wanted < depth:
+        del stack[wanted:]
+    else:
+        stack.extend(copy.deepcopy(stack[-1]) for _ in range(wanted - depth))
+    for index, block in enumerate(stack):
+        for module in block.modules():
+            if hasattr(module, "layer_idx"):
+                setattr(module, "layer_idx", index)  # noqa: B010  (mypy sees a Module attribute as a Tensor)
+    config.num_hidden_layers = wanted
+    if layer_types:
+        config.layer_types = [layer_types[0]] * wanted
+
+
+def _block_list(model: torch.nn.Module, depth: int) -> torch.nn.ModuleList | None:
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == depth and name.split(".")[-1] in _BLOCKS:
+            return module
+    return None
+
+
+_BLOCKS = ("layers", "layer", "h", "blocks", "block")
 
 
 def load_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], tied: set[str]) -> None:

@@ -132,6 +132,9 @@ def test_every_shipped_evolution_config_is_a_valid_request_with_a_valid_genome(p
         global_parameters=spec.genome.global_parameters,
         fixed=spec.genome.fixed,
         layer_groups=spec.genome.layer_groups,
+        franken=spec.genome.franken,
+        dataflow=spec.genome.dataflow,
+        operators=spec.genome.operators,
     )
     for genome in space.population(spec.search.population, seed=spec.search.seed, spread=spec.search.init_spread):
         validate_recipe(space.decode(genome))
