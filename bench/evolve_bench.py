@@ -4,6 +4,7 @@ the held-out test average, candidate throughput, and the orchestration overhead 
     nice python -m bench.evolve_bench --preset encoder-5task --population 6 --generations 4 \
         --kind pbt --kind random --seed 0 --seed 1 --seed 2 --json bench/out/evolve-encoder-5task.json
     python -m bench.evolve_bench --preset tiny          # seconds; a smoke run
+    python -m bench.evolve_bench --preset tiny --kind pbt --fidelity full --fidelity asha --seed 0 --seed 1 --seed 2
 
 Protocol: the model zoo is fixed (the preset), the search is seeded: every ``--kind`` runs once per ``--seed``
 with the same genome and the same candidate budget (population x generations of ``--config``), so ``random`` is
@@ -63,6 +64,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--seed", action="append", type=int, default=None, help="search.seed; repeat for several (default: 0)"
     )
+    parser.add_argument(
+        "--fidelity",
+        action="append",
+        choices=("full", "asha"),
+        default=None,
+        help="full: every candidate on the whole dev split; asha: successive halving on dev subsets ending in the "
+        "whole split (search.fidelity); repeat to compare (default: the config's)",
+    )
+    parser.add_argument("--rungs", type=int, default=None, help="search.rungs (asha)")
+    parser.add_argument("--reduction-factor", type=int, default=None, help="search.reduction_factor (asha)")
     parser.add_argument("--population", type=int, default=None)
     parser.add_argument("--generations", type=int, default=None)
     parser.add_argument("--dev-batch-size", type=int, default=None)
@@ -76,12 +87,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # ---- the evolution ---------------------------------------------------------------------------------------
-def evolution_request(args: argparse.Namespace, kind: str | None, seed: int) -> dict[str, Any]:
+def evolution_request(
+    args: argparse.Namespace, kind: str | None, seed: int, fidelity: str | None = None
+) -> dict[str, Any]:
     import yaml
 
     path = Path(args.config or PROJECT_ROOT / "configs" / f"evolve-{args.preset}.yaml")
     request = yaml.safe_load(path.read_text())
     search = request.setdefault("search", {})
+    if fidelity is not None:  # both score the whole dev split for whatever can be selected: no rotating batch
+        search["fidelity"] = "asha" if fidelity == "asha" else "fixed"
+        search["dev_batch_size"] = None
+    if search.get("fidelity") == "asha":
+        search.update({k: v for k, v in (("rungs", args.rungs), ("reduction_factor", args.reduction_factor)) if v})
     for key, value in (
         ("kind", kind),
         ("seed", seed),
@@ -93,9 +111,31 @@ def evolution_request(args: argparse.Namespace, kind: str | None, seed: int) -> 
     ):
         if value is not None:
             search[key] = value
-    request["name"] = f"evolve-bench {args.preset} {search.get('kind', 'pbt')} seed {seed}"
+    request["name"] = f"evolve-bench {args.preset} {search.get('kind', 'pbt')} {fidelity_of(search)} seed {seed}"
     request.pop("output_model_id", None)  # one registered model per run
     return request
+
+
+def fidelity_of(search: dict[str, Any]) -> str:
+    if search.get("fidelity") == "asha":
+        return "asha"
+    return "full" if search.get("dev_batch_size", 64) is None else f"batch {search.get('dev_batch_size', 64)}"
+
+
+def fitness_cost(service, job_id: str) -> dict[str, Any]:
+    """What the search's fitness cost, from the recorded candidates: CPU seconds of merge + scoring inside the
+    trials, dev examples scored, and how many candidates were scored on the whole dev split."""
+    trials = service.trials(job_id)
+    metrics = [t["metrics"] for t in trials]
+    return {
+        "eval_cpu_s": round(sum(float(m.get("cpu_s", 0.0)) for m in metrics), 2),
+        "examples_scored": sum(int(m.get("examples_scored", m.get("batch_examples", 0))) for m in metrics),
+        "full_dev_candidates": sum(1 for m in metrics if m.get("full_dev")),
+        "stopped_by_rung": {
+            str(rung): sum(1 for m in metrics if m.get("rung") == rung and not m.get("full_dev"))
+            for rung in sorted({m["rung"] for m in metrics if "rung" in m})
+        },
+    }
 
 
 def bench_service(args: argparse.Namespace):
@@ -132,17 +172,18 @@ def run_evolutions(args: argparse.Namespace) -> tuple[list[tuple[dict[str, Any],
         service = bench_service(args)
         runs = []
         for kind in args.kind or [None]:
-            for seed in args.seed or [0]:
-                request = evolution_request(args, kind, seed)
-                job = service.jobs.create("evolution", request, owner="evolve-bench")
-                print(f"evolution job {job.id}: {json.dumps(request['search'])}", flush=True)
-                started = time.perf_counter()
-                result = service.run_job(job.id)
-                record = service.jobs.get(job.id)
-                if record.state.value != "COMPLETED":
-                    raise SystemExit(f"evolution {job.id} ended {record.state.value}: {record.error}")
-                print(f"evolution done in {time.perf_counter() - started:.0f}s", flush=True)
-                runs.append((request, result))
+            for fidelity in args.fidelity or [None]:
+                for seed in args.seed or [0]:
+                    request = evolution_request(args, kind, seed, fidelity)
+                    job = service.jobs.create("evolution", request, owner="evolve-bench")
+                    print(f"evolution job {job.id}: {json.dumps(request['search'])}", flush=True)
+                    started = time.perf_counter()
+                    result = service.run_job(job.id)
+                    record = service.jobs.get(job.id)
+                    if record.state.value != "COMPLETED":
+                        raise SystemExit(f"evolution {job.id} ended {record.state.value}: {record.error}")
+                    print(f"evolution done in {time.perf_counter() - started:.0f}s", flush=True)
+                    runs.append((request, {**result, "fitness_cost": fitness_cost(service, job.id)}))
         return runs, service
     finally:
         ray.shutdown()
@@ -296,6 +337,7 @@ def run_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]], own: dict[str, f
         rows.append(
             {
                 "kind": result["search"]["kind"],
+                "fidelity": fidelity_of(request["search"]),
                 "seed": request["search"].get("seed", 0),
                 "model_id": result["model_id"],
                 "dev_fitness": result["dev_fitness"],
@@ -304,9 +346,28 @@ def run_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]], own: dict[str, f
                 "candidates": result["search"]["evaluated_this_run"],
                 "search_wall_s": result["search"]["search_wall_s"],
                 "candidates_per_minute": result["search"]["candidates_per_minute"],
+                **result.get("fitness_cost", {}),
             }
         )
     return rows
+
+
+def print_fidelity_table(rows: list[dict[str, Any]]) -> None:
+    """Per run: the cost of fitness and what it bought (dev fitness: the winner re-scored on the whole split)."""
+    print(
+        "\n| kind | fidelity | seed | candidates | distinct candidates/min | eval CPU-min | dev examples scored | "
+        "scored on whole dev | best full-dev fitness | best full-dev fitness per eval CPU-min | test |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    for row in rows:
+        cpu_min = row.get("eval_cpu_s", 0.0) / 60
+        per_cpu = f"{row['dev_fitness'] / cpu_min:.2f}" if cpu_min else "-"
+        print(
+            f"| {row['kind']} | {row['fidelity']} | {row['seed']} | {row['candidates']} | "
+            f"{row['candidates_per_minute']:.1f} | {cpu_min:.2f} | {row.get('examples_scored', '-')} | "
+            f"{row.get('full_dev_candidates', '-')} | {100 * row['dev_fitness']:.1f} | {per_cpu} | "
+            f"{100 * row['test']:.1f} |"
+        )
 
 
 def print_report(args, models: Models, runs, rows, grid, own, bare_s: float) -> None:
@@ -319,8 +380,8 @@ def print_report(args, models: Models, runs, rows, grid, own, bare_s: float) -> 
         f"{search.get('generations')} generations per run, seeds {seeds}\n"
     )
     print(f"| model | test {metric} (mean ± sd over seeds) | normalized | candidates/min |\n|---|---|---|---|")
-    for kind in dict.fromkeys(row["kind"] for row in rows):
-        mine = [row for row in rows if row["kind"] == kind]
+    for kind in dict.fromkeys(f"{row['kind']}, {row['fidelity']}" for row in rows):
+        mine = [row for row in rows if f"{row['kind']}, {row['fidelity']}" == kind]
         norms = [row["normalized"] for row in mine if row["normalized"] is not None]
         rate = statistics.fmean(row["candidates_per_minute"] for row in mine)
         print(
@@ -369,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     own = {d: result["test"]["per_dataset"][m][d] for d, m in models.own_finetune.items()}
     rows = run_rows(runs, own)
     print_report(args, models, runs, rows, grid, own, bare_s)
+    print_fidelity_table(rows)
     print(f"bench total {time.perf_counter() - bench_started:.0f}s", flush=True)
     if args.json:
         out = {
