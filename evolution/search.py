@@ -240,7 +240,13 @@ class EvolutionStopper(Stopper):
         self._cancelled = False
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-        if self.target_fitness is not None and result.get(METRIC, float("-inf")) >= self.target_fitness:
+        # A candidate stopped on a dev subset (fidelity asha) only estimated its fitness: it reaches nothing.
+        estimate = "rung" in result and not result.get("full_dev")
+        if (
+            self.target_fitness is not None
+            and not estimate
+            and result.get(METRIC, float("-inf")) >= self.target_fitness
+        ):
             self._reached = True
         return result.get("generation", 0) >= self.generations
 

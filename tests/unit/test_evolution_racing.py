@@ -16,7 +16,7 @@ from evolution.finalize import finalists
 from evolution.racing import Racing, race, racing_of, rung_cutoff
 from evolution.sampled import OrdinalLimiter
 from evolution.scoring import FitnessLedger
-from evolution.search import build_tune_config
+from evolution.search import EvolutionStopper, build_tune_config
 from evolution.tracking import Candidate
 from evolution.trainable import GENOME_KEY, RUNG_CUTOFFS_KEY
 from tests.unit.test_evolution_fresh_genomes import SPACE, Controller
@@ -220,3 +220,14 @@ def test_the_optuna_limiter_hands_one_generation_one_set_of_cutoffs():
     limiter.on_trial_complete("b", result(first[1][GENOME_KEY], "b-g000", 0.6, [0.8, 0.6], full_dev=True))
     second = [limiter.suggest("c"), limiter.suggest("d")]
     assert [c[RUNG_CUTOFFS_KEY] for c in second] == [[pytest.approx(0.6)], [pytest.approx(0.6)]]
+
+
+def test_a_stopped_candidates_estimate_does_not_reach_the_target_fitness():
+    stopper = EvolutionStopper("racing-target", generations=5, target_fitness=0.9)
+    stopper("t0", {"fitness": 0.95, "generation": 1, "rung": 0, "full_dev": False})
+    assert not stopper.stop_all()
+    stopper("t1", {"fitness": 0.91, "generation": 1, "rung": 2, "full_dev": True})
+    assert stopper.stop_all()
+    fixed = EvolutionStopper("fixed-target", generations=5, target_fitness=0.9)
+    fixed("t0", {"fitness": 0.95, "generation": 1, "full_dev": False})  # a rotating batch, as before
+    assert fixed.stop_all()
