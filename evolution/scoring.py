@@ -68,7 +68,14 @@ class CandidateScorer:
         return {dataset.dataset_id: len(dataset) for dataset in self.evaluator.datasets}
 
     def score(self, state_dict, batch_indices: Mapping[str, Sequence[int] | None] | None = None) -> dict[str, float]:
-        metrics = self.evaluator.score(state_dict, batch_indices)
+        return self._with_fitness(self.evaluator.score(state_dict, batch_indices))
+
+    def score_loaded(self, batch_indices: Mapping[str, Sequence[int] | None] | None = None) -> dict[str, float]:
+        """Score the weights the last ``score`` loaded again, on other examples (the next rung of a race): loading
+        a state dict into the skeleton costs more than scoring a small subset."""
+        return self._with_fitness(self.evaluator.score_loaded(batch_indices))
+
+    def _with_fitness(self, metrics: dict[str, float]) -> dict[str, float]:
         # fitness: the mean over datasets, signed so that higher is better (perplexity is negated)
         return {**metrics, "fitness": self.sign * metrics[f"mean_{self.metric}"]}
 

@@ -266,7 +266,9 @@ def _race(
     reached: list[dict[str, float]] = []
 
     def score_rung(rung: int) -> float:
-        reached.append(scorer.score(merged, batch_indices=schedule[rung]))
+        # the candidate's weights are loaded into the skeleton once, for its first rung
+        batch = schedule[rung]
+        reached.append(scorer.score(merged, batch_indices=batch) if rung == 0 else scorer.score_loaded(batch))
         return reached[-1]["fitness"]
 
     return race(score_rung, cutoffs, len(schedule)), reached[-1]
