@@ -4,6 +4,7 @@ the held-out test average, candidate throughput, and the orchestration overhead 
     nice python -m bench.evolve_bench --preset encoder-5task --population 6 --generations 4 \
         --kind pbt --kind random --seed 0 --seed 1 --seed 2 --json bench/out/evolve-encoder-5task.json
     python -m bench.evolve_bench --preset tiny          # seconds; a smoke run
+    python -m bench.evolve_bench --preset tiny --kind pbt --fidelity full --fidelity asha --seed 0 --seed 1 --seed 2
     nice python -m bench.evolve_bench --preset causal-lm --search ps --search dfs --search ps+dfs \
         --seed 0 --seed 1 --json bench/out/evolve-causal-lm-dfs.json   # parameter vs data-flow space
 
@@ -81,6 +82,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--seed", action="append", type=int, default=None, help="search.seed; repeat for several (default: 0)"
     )
+    parser.add_argument(
+        "--fidelity",
+        action="append",
+        choices=("full", "asha"),
+        default=None,
+        help="full: every candidate on the whole dev split; asha: successive halving on dev subsets ending in the "
+        "whole split (search.fidelity); repeat to compare (default: the config's)",
+    )
+    parser.add_argument("--rungs", type=int, default=None, help="search.rungs (asha)")
+    parser.add_argument("--reduction-factor", type=int, default=None, help="search.reduction_factor (asha)")
     parser.add_argument("--population", type=int, default=None)
     parser.add_argument("--generations", type=int, default=None)
     parser.add_argument("--dev-batch-size", type=int, default=None)
@@ -103,7 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # ---- the evolution ---------------------------------------------------------------------------------------
-def evolution_request(args: argparse.Namespace, kind: str | None, seed: int, search: str = "ps") -> dict[str, Any]:
+def evolution_request(
+    args: argparse.Namespace, kind: str | None, seed: int, search: str = "ps", fidelity: str | None = None
+) -> dict[str, Any]:
     import yaml
 
     if search == "ps":
@@ -112,6 +125,11 @@ def evolution_request(args: argparse.Namespace, kind: str | None, seed: int, sea
         path = Path(args.dfs_config or PROJECT_ROOT / "configs" / f"evolve-{args.preset}-dfs.yaml")
     request = yaml.safe_load(path.read_text())
     search_name, search = search, request.setdefault("search", {})
+    if fidelity is not None:  # both score the whole dev split for whatever can be selected: no rotating batch
+        search["fidelity"] = "asha" if fidelity == "asha" else "fixed"
+        search["dev_batch_size"] = None
+    if search.get("fidelity") == "asha":
+        search.update({k: v for k, v in (("rungs", args.rungs), ("reduction_factor", args.reduction_factor)) if v})
     for key, value in (
         ("kind", kind),
         ("seed", seed),
@@ -123,7 +141,9 @@ def evolution_request(args: argparse.Namespace, kind: str | None, seed: int, sea
     ):
         if value is not None:
             search[key] = value
-    request["name"] = f"evolve-bench {args.preset} {search_name} {search.get('kind', 'pbt')} seed {seed}"
+    request["name"] = (
+        f"evolve-bench {args.preset} {search_name} {search.get('kind', 'pbt')} {fidelity_of(search)} seed {seed}"
+    )
     request.pop("output_model_id", None)  # one registered model per run
     return request
 
@@ -153,7 +173,7 @@ def run_one(service, request: dict[str, Any]) -> dict[str, Any]:
     if record.state.value != "COMPLETED":
         raise SystemExit(f"evolution {job.id} ended {record.state.value}: {record.error}")
     print(f"evolution done in {time.perf_counter() - started:.0f}s", flush=True)
-    return result
+    return {**result, "fitness_cost": fitness_cost(service, job.id)}
 
 
 def runs_from_json(path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -163,6 +183,28 @@ def runs_from_json(path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     if isinstance(data, list):
         return [(entry["request"], entry["result"]) for entry in data]
     return list(zip(data["requests"], data["results"]))
+
+
+def fidelity_of(search: dict[str, Any]) -> str:
+    if search.get("fidelity") == "asha":
+        return "asha"
+    return "full" if search.get("dev_batch_size", 64) is None else f"batch {search.get('dev_batch_size', 64)}"
+
+
+def fitness_cost(service, job_id: str) -> dict[str, Any]:
+    """What the search's fitness cost, from the recorded candidates: CPU seconds of merge + scoring inside the
+    trials, dev examples scored, and how many candidates were scored on the whole dev split."""
+    trials = service.trials(job_id)
+    metrics = [t["metrics"] for t in trials]
+    return {
+        "eval_cpu_s": round(sum(float(m.get("cpu_s", 0.0)) for m in metrics), 2),
+        "examples_scored": sum(int(m.get("examples_scored", m.get("batch_examples", 0))) for m in metrics),
+        "full_dev_candidates": sum(1 for m in metrics if m.get("full_dev")),
+        "stopped_by_rung": {
+            str(rung): sum(1 for m in metrics if m.get("rung") == rung and not m.get("full_dev"))
+            for rung in sorted({m["rung"] for m in metrics if "rung" in m})
+        },
+    }
 
 
 def bench_service(args: argparse.Namespace):
@@ -198,25 +240,26 @@ def run_evolutions(args: argparse.Namespace) -> tuple[list[tuple[dict[str, Any],
         ray.init(address=address, log_to_driver=False)
         service = bench_service(args)
         runs = []
-        ps_runs: dict[tuple[str | None, int], tuple[dict[str, Any], dict[str, Any]]] = {}
+        ps_runs: dict[tuple[str | None, str | None, int], tuple[dict[str, Any], dict[str, Any]]] = {}
         searches = args.search or ["ps"]
         # Seed by seed, ps before ps+dfs (whose first stage it is): a failing stage shows early.
         for seed in args.seed or [0]:
-            for kind in args.kind or [None]:
+            for kind, fidelity in [(k, f) for k in args.kind or [None] for f in args.fidelity or [None]]:
                 for search in [s for s in ("ps", "ps+dfs", "dfs") if s in searches]:
-                    request = evolution_request(args, kind, seed, "ps" if search == "ps" else "dfs")
+                    stage = "ps" if search == "ps" else "dfs"
+                    request = evolution_request(args, kind, seed, stage, fidelity)
                     if search == "ps+dfs":
-                        if (kind, seed) not in ps_runs:
-                            ps_request = evolution_request(args, kind, seed, "ps")
-                            ps_runs[kind, seed] = ps_request, run_one(service, ps_request)
-                        ps_request, ps_result = ps_runs[kind, seed]
+                        if (kind, fidelity, seed) not in ps_runs:
+                            ps_request = evolution_request(args, kind, seed, "ps", fidelity)
+                            ps_runs[kind, fidelity, seed] = ps_request, run_one(service, ps_request)
+                        ps_request, ps_result = ps_runs[kind, fidelity, seed]
                         request = second_stage(request, service, ps_request, ps_result)
                     result = run_one(service, request)
                     result["bench"] = {"search": search, "stages": [result["search"]]}
                     if search == "ps":
-                        ps_runs[kind, seed] = request, result
+                        ps_runs[kind, fidelity, seed] = request, result
                     elif search == "ps+dfs":
-                        result["bench"]["stages"].insert(0, ps_runs[kind, seed][1]["search"])
+                        result["bench"]["stages"].insert(0, ps_runs[kind, fidelity, seed][1]["search"])
                     runs.append((request, result))
                     if args.json:  # what is done survives a later failure
                         partial = Path(args.json).with_suffix(".partial.json")
@@ -387,6 +430,7 @@ def run_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]], own: dict[str, f
         rows.append(
             {
                 "kind": f"{bench['search']} {result['search']['kind']}",
+                "fidelity": fidelity_of(request["search"]),
                 "seed": request["search"].get("seed", 0),
                 "model_id": result["model_id"],
                 "dev_fitness": result["dev_fitness"],
@@ -395,9 +439,28 @@ def run_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]], own: dict[str, f
                 "candidates": candidates,
                 "search_wall_s": wall_s,
                 "candidates_per_minute": round(candidates / max(wall_s, 1e-9) * 60, 2),
+                **result.get("fitness_cost", {}),
             }
         )
     return rows
+
+
+def print_fidelity_table(rows: list[dict[str, Any]]) -> None:
+    """Per run: the cost of fitness and what it bought (dev fitness: the winner re-scored on the whole split)."""
+    print(
+        "\n| kind | fidelity | seed | candidates | distinct candidates/min | eval CPU-min | dev examples scored | "
+        "scored on whole dev | best full-dev fitness | best full-dev fitness per eval CPU-min | test |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    for row in rows:
+        cpu_min = row.get("eval_cpu_s", 0.0) / 60
+        per_cpu = f"{row['dev_fitness'] / cpu_min:.2f}" if cpu_min else "-"
+        print(
+            f"| {row['kind']} | {row['fidelity']} | {row['seed']} | {row['candidates']} | "
+            f"{row['candidates_per_minute']:.1f} | {cpu_min:.2f} | {row.get('examples_scored', '-')} | "
+            f"{row.get('full_dev_candidates', '-')} | {100 * row['dev_fitness']:.1f} | {per_cpu} | "
+            f"{100 * row['test']:.1f} |"
+        )
 
 
 def print_report(args, models: Models, runs, rows, grid, own, bare_s: float) -> None:
@@ -414,8 +477,8 @@ def print_report(args, models: Models, runs, rows, grid, own, bare_s: float) -> 
         f"| model | test {metric} (mean ± sd over seeds) | normalized | candidates (mean) | search wall s (mean) "
         "| candidates/min |\n|---|---|---|---|---|---|"
     )
-    for kind in dict.fromkeys(row["kind"] for row in rows):
-        mine = [row for row in rows if row["kind"] == kind]
+    for kind in dict.fromkeys(f"{row['kind']}, {row['fidelity']}" for row in rows):
+        mine = [row for row in rows if f"{row['kind']}, {row['fidelity']}" == kind]
         norms = [row["normalized"] for row in mine if row["normalized"] is not None]
         rate = statistics.fmean(row["candidates_per_minute"] for row in mine)
         count = statistics.fmean(row["candidates"] for row in mine)
@@ -469,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     own = {d: result["test"]["per_dataset"][m][d] for d, m in models.own_finetune.items()}
     rows = run_rows(runs, own)
     print_report(args, models, runs, rows, grid, own, bare_s)
+    print_fidelity_table(rows)
     print(f"bench total {time.perf_counter() - bench_started:.0f}s", flush=True)
     if args.json:
         out = {

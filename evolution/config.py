@@ -22,6 +22,13 @@ from evolution.genome import Bounds, FrankenGenome
 # pbt: population-based training; cmaes: CMA-ES; random: uniform random search over the same genome and budget
 # (the baseline); nsga2: NSGA-II over the per-dataset dev scores (multi-objective: the result has a Pareto front).
 SearchKind = Literal["pbt", "cmaes", "random", "nsga2"]
+# fixed: every candidate is scored once, on its generation's dev batch (``dev_batch_size``; null: the whole dev
+# split). asha: successive halving on nested seeded dev subsets (evolution.racing): a candidate is scored on the
+# smallest subset and goes on to the next (``reduction_factor`` times larger) only while it is in the top
+# 1/reduction_factor of what earlier generations scored there; the last rung is the whole dev split, and only
+# candidates that reached it can be selected.
+Fidelity = Literal["fixed", "asha"]
+MAX_RUNG_SHRINK = 1024  # reduction_factor ** (rungs - 1): the smallest rung is at least 1/1024 of each dev set
 
 
 class GenomeBounds(BaseModel):
@@ -83,6 +90,11 @@ class SearchSettings(BaseModel):
         64, ge=1, le=1_000_000, description="examples per rotating dev batch; None: whole dev split"
     )
     finalists: int = Field(3, ge=1, le=32, description="best distinct genomes re-scored on the whole dev split")
+    fidelity: Fidelity = Field("fixed", description="fixed: one dev batch per candidate; asha: successive halving")
+    rungs: int = Field(3, ge=2, le=8, description="asha: fidelity levels, the last one the whole dev split")
+    reduction_factor: int = Field(
+        3, ge=2, le=8, description="asha: each rung scores this many times the examples of the one before"
+    )
     cpus_per_trial: float = Field(0.5, gt=0, le=64)
     gpus_per_trial: float = Field(0.0, ge=0, le=8)
     max_concurrent_trials: int | None = Field(None, ge=1, le=256)
@@ -93,6 +105,19 @@ class SearchSettings(BaseModel):
         description="one seed, one run: the initial population, PBT's donors and steps, CMA-ES "
         "and every trial's random generators are drawn from it",
     )
+
+    @model_validator(mode="after")
+    def _racing_sound(self) -> SearchSettings:
+        if self.fidelity != "asha":
+            return self
+        if self.reduction_factor ** (self.rungs - 1) > MAX_RUNG_SHRINK:
+            raise ValueError(f"reduction_factor ** (rungs - 1) must be at most {MAX_RUNG_SHRINK}")
+        if self.kind == "nsga2":  # racing ranks the mean fitness; NSGA-II ranks every dataset's score
+            raise ValueError("fidelity asha needs a single-objective kind (pbt, cmaes or random)")
+        if "dev_batch_size" in self.model_fields_set and self.dev_batch_size is not None:
+            # the rungs are the dev subsets: a rotating batch on top would make the last rung less than the split
+            raise ValueError("fidelity asha scores its own dev subsets: leave dev_batch_size out or null")
+        return self
 
 
 class EvolutionSpec(BaseModel):

@@ -25,9 +25,12 @@ class Finalist(BaseModel):
 
 
 def finalists(candidates: list[Candidate], count: int) -> list[Finalist]:
-    """The ``count`` distinct genomes with the highest mean fitness over the batches they were scored on."""
+    """The ``count`` distinct genomes with the highest mean fitness over the batches they were scored on. When some
+    candidates reached the whole dev split and others were stopped on a subset (fidelity asha), only the former
+    compete: a stopped candidate's estimate may be high by luck, and is never ranked against full-dev scores."""
     by_genome: dict[str, list[Candidate]] = defaultdict(list)
-    for candidate in candidates:
+    full_dev = [c for c in candidates if c.metrics.get("full_dev")]
+    for candidate in full_dev or candidates:
         by_genome[_genome_key(candidate.genome)].append(candidate)
     ranked = sorted(
         (

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from evolution.config import SearchSettings
 from evolution.genome import GenomeSpace
 from evolution.parents import ParentArrays
+from evolution.racing import racing_of
 from evolution.sampled import OPTUNA_KINDS
 from evolution.scoring import ScorerSpec
 from evolution.search import EvolutionStopper, build_tune_config, is_cancelled
@@ -87,11 +88,13 @@ def run_search(
         space=space,
         scorer=scorer,
         generations=settings.generations,
-        dev_batch_size=settings.dev_batch_size,
+        # fidelity asha scores its rungs instead of a rotating batch
+        dev_batch_size=None if settings.fidelity == "asha" else settings.dev_batch_size,
         batch_seed=settings.seed,
         device=device,
         ordinal_generations=settings.population if settings.kind in OPTUNA_KINDS else None,
         incarnation=uuid.uuid4().hex,
+        racing=racing_of(settings),
     )
     trainable = _trainable(parents, data, setup, settings)
     started = time.perf_counter()

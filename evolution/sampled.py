@@ -17,8 +17,9 @@ from ray.tune.search import ConcurrencyLimiter, Searcher
 from evolution.config import SearchSettings
 from evolution.genome import GenomeSpace
 from evolution.objectives import METRIC, MODE, objective_keys
+from evolution.racing import Racing, racing_of
 from evolution.scoring import FitnessLedger
-from evolution.trainable import CACHED_KEY, GENOME_KEY, ORDINAL_KEY
+from evolution.trainable import CACHED_KEY, GENOME_KEY, ORDINAL_KEY, RUNG_CUTOFFS_KEY
 
 OPTUNA_KINDS = frozenset({"cmaes", "random", "nsga2"})
 
@@ -27,13 +28,23 @@ class OrdinalLimiter(ConcurrencyLimiter):
     """Numbers the suggested candidates (config ``ordinal``): generation = ordinal // population, so the
     candidates of one generation are scored on the same rotating dev batch. With ``space``, a suggested genome
     the run already scored is not scored again: its trial is told the recorded fitness (config ``cached``) and
-    reports it without becoming a candidate."""
+    reports it without becoming a candidate. With ``racing`` (fidelity asha) each suggestion carries the rung
+    cutoffs of everything told so far: in batch mode a generation is asked only after the previous one is told,
+    so all of it races against the same bars."""
 
     _next_ordinal = 0
 
-    def __init__(self, searcher: Searcher, max_concurrent: int, batch: bool = False, space: GenomeSpace | None = None):
+    def __init__(
+        self,
+        searcher: Searcher,
+        max_concurrent: int,
+        batch: bool = False,
+        space: GenomeSpace | None = None,
+        racing: Racing | None = None,
+    ):
         super().__init__(searcher, max_concurrent=max_concurrent, batch=batch)
         self.ledger = FitnessLedger(space) if space is not None else None
+        self.racing = racing
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         config = super().suggest(trial_id)
@@ -43,6 +54,8 @@ class OrdinalLimiter(ConcurrencyLimiter):
             if self.ledger is not None and not self.ledger.claim(config[GENOME_KEY]):
                 known = self.ledger.lookup(config[GENOME_KEY])
                 config[CACHED_KEY] = known.model_dump() if known is not None else None
+            if self.racing is not None and self.ledger is not None:
+                config[RUNG_CUTOFFS_KEY] = self.racing.cutoffs(self.ledger.rung_history())
         return config
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
@@ -105,6 +118,7 @@ def optuna_tune_config(space: GenomeSpace, settings: SearchSettings, objectives:
         max_concurrent=min(settings.population, settings.max_concurrent_trials or settings.population),
         batch=True,
         space=space,
+        racing=racing_of(settings),
     )
     return tune.TuneConfig(
         metric=METRIC,

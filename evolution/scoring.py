@@ -68,7 +68,14 @@ class CandidateScorer:
         return {dataset.dataset_id: len(dataset) for dataset in self.evaluator.datasets}
 
     def score(self, state_dict, batch_indices: Mapping[str, Sequence[int] | None] | None = None) -> dict[str, float]:
-        metrics = self.evaluator.score(state_dict, batch_indices)
+        return self._with_fitness(self.evaluator.score(state_dict, batch_indices))
+
+    def score_loaded(self, batch_indices: Mapping[str, Sequence[int] | None] | None = None) -> dict[str, float]:
+        """Score the weights the last ``score`` loaded again, on other examples (the next rung of a race): loading
+        a state dict into the skeleton costs more than scoring a small subset."""
+        return self._with_fitness(self.evaluator.score_loaded(batch_indices))
+
+    def _with_fitness(self, metrics: dict[str, float]) -> dict[str, float]:
         # fitness: the mean over datasets, signed so that higher is better (perplexity is negated)
         return {**metrics, "fitness": self.sign * metrics[f"mean_{self.metric}"]}
 
@@ -103,6 +110,10 @@ class FitnessRecord(BaseModel):
     candidate_id: str
     fitness: float
     objectives: dict[str, float] = {}  # the per-dataset objectives it reported (the multi-objective kind reads them)
+    # Scored on the whole dev split? False for a rotating batch or a rung below the last (fidelity asha): such a
+    # fitness is an estimate, and a repeat reports it as one (never as a full-dev score).
+    full_dev: bool = False
+    rung_scores: list[float] = []  # fidelity asha: the score of every rung it reached, rung 0 first
 
 
 class FitnessLedger:
@@ -136,14 +147,42 @@ class FitnessLedger:
         candidate_id: str,
         fitness: float,
         objectives: Mapping[str, float] | None = None,
+        *,
+        full_dev: bool = False,
+        rung_scores: Sequence[float] = (),
     ) -> None:
         key = self.key(genome)
         self.planned.discard(key)
-        record = FitnessRecord(candidate_id=candidate_id, fitness=fitness, objectives=dict(objectives or {}))
-        self.records.setdefault(key, record)
+        record = FitnessRecord(
+            candidate_id=candidate_id,
+            fitness=fitness,
+            objectives=dict(objectives or {}),
+            full_dev=full_dev,
+            rung_scores=list(rung_scores),
+        )
+        known = self.records.get(key)
+        if known is None or (record.full_dev and not known.full_dev):  # a full-dev score outranks an estimate
+            self.records[key] = record
 
     def record_result(self, result: Mapping[str, Any]) -> None:
         """Remember a trial's reported candidate (results of repeats carry no ``candidate_id``)."""
         if result.get("candidate_id") and result.get("genome_json"):
             genome = json.loads(result["genome_json"])
-            self.record(genome, result["candidate_id"], float(result["fitness"]), objectives_in(result))
+            self.record(
+                genome,
+                result["candidate_id"],
+                float(result["fitness"]),
+                objectives_in(result),
+                full_dev=bool(result.get("full_dev", False)),
+                rung_scores=json.loads(result.get("rung_scores_json") or "[]"),
+            )
+
+    def full_dev_fitness(self, genome: Mapping[str, float]) -> float | None:
+        """The genome's fitness on the whole dev split, or None when it has none (unscored, or only estimated)."""
+        record = self.lookup(genome)
+        return record.fitness if record is not None and record.full_dev else None
+
+    def rung_history(self) -> list[list[float]]:
+        """The rung scores of every genome scored so far (fidelity asha), in a fixed order: the cutoffs of the
+        next generation are computed from them."""
+        return [list(self.records[key].rung_scores) for key in sorted(self.records) if self.records[key].rung_scores]

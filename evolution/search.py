@@ -24,9 +24,10 @@ from ray.tune.stopper import Stopper
 from evolution.config import SearchSettings
 from evolution.genome import Genome, GenomeSpace
 from evolution.objectives import METRIC, MODE
+from evolution.racing import Racing, racing_of
 from evolution.sampled import optuna_tune_config
 from evolution.scoring import FitnessLedger
-from evolution.trainable import CACHED_KEY, GENOME_KEY, LINEAGE_KEY
+from evolution.trainable import CACHED_KEY, GENOME_KEY, LINEAGE_KEY, RUNG_CUTOFFS_KEY
 
 
 class GenomeExplorer:
@@ -83,15 +84,26 @@ class GenomePBT(PopulationBasedTraining):
     step from the genome it just scored, an exploited one perturbs its donor's last scored genome (the donor's
     config may already hold the donor's next step), and both draw until the genome is one the run has never
     handed out (:class:`FitnessLedger`). Donors are drawn from the scheduler's own generator seeded by ``seed``
-    (Ray's PBT uses the unseeded global ``random``), so one seed gives one run."""
+    (Ray's PBT uses the unseeded global ``random``), so one seed gives one run.
+
+    With ``racing`` (fidelity asha) every next genome carries the rung cutoffs of everything scored so far: the
+    round runs once every trial of the generation has reported, so all of the next generation race against the
+    same bars."""
 
     def __init__(
-        self, *, space: GenomeSpace | None = None, explorer: GenomeExplorer | None = None, seed: int = 0, **kwargs
+        self,
+        *,
+        space: GenomeSpace | None = None,
+        explorer: GenomeExplorer | None = None,
+        seed: int = 0,
+        racing: Racing | None = None,
+        **kwargs,
     ):
         if explorer is not None:
             kwargs.setdefault("custom_explore_fn", explorer)
         super().__init__(**kwargs)
         self._explorer = explorer
+        self._racing = racing
         self._ledger = FitnessLedger(space) if space is not None else None
         self._rng = random.Random(f"pbt-donors:{seed}")
         self._exploited: set[str] = set()  # trial ids exploited in the current round
@@ -146,6 +158,7 @@ class GenomePBT(PopulationBasedTraining):
         scored = self._scored_genome(self._trial_state[trial].last_result, trial.config)
         config = copy.deepcopy(trial.config)
         config[GENOME_KEY], config[CACHED_KEY] = self._fresh(scored)
+        config[RUNG_CUTOFFS_KEY] = self._cutoffs()
         trial.set_config(config)
 
     def _get_new_config(self, trial, trial_to_clone):
@@ -157,12 +170,18 @@ class GenomePBT(PopulationBasedTraining):
             new_config, operations = copy.deepcopy(trial_to_clone.config), {}
             scored = self._scored_genome(donor_result, trial_to_clone.config)
             new_config[GENOME_KEY], new_config[CACHED_KEY] = self._fresh(scored)
+            new_config[RUNG_CUTOFFS_KEY] = self._cutoffs()
         new_config[LINEAGE_KEY] = {
             "trial_id": trial_to_clone.trial_id,
             "candidate_id": donor_result.get("candidate_id") or donor_result.get("repeat_of"),
             "generation": int(donor_result.get("generation", 0)),
         }
         return new_config, operations
+
+    def _cutoffs(self) -> list[float | None]:
+        if self._racing is None or self._ledger is None:
+            return []
+        return self._racing.cutoffs(self._ledger.rung_history())
 
     @staticmethod
     def _scored_genome(result: dict[str, Any] | None, config: dict[str, Any]) -> Genome:
@@ -221,7 +240,13 @@ class EvolutionStopper(Stopper):
         self._cancelled = False
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-        if self.target_fitness is not None and result.get(METRIC, float("-inf")) >= self.target_fitness:
+        # A candidate stopped on a dev subset (fidelity asha) only estimated its fitness: it reaches nothing.
+        estimate = "rung" in result and not result.get("full_dev")
+        if (
+            self.target_fitness is not None
+            and not estimate
+            and result.get(METRIC, float("-inf")) >= self.target_fitness
+        ):
             self._reached = True
         return result.get("generation", 0) >= self.generations
 
@@ -261,6 +286,7 @@ def build_tune_config(
         scheduler = GenomePBT(
             space=space,
             seed=settings.seed,
+            racing=racing_of(settings),
             explorer=GenomeExplorer(space, settings.sigma, settings.resample_probability, settings.seed),
             time_attr="generation",  # see GenomePBT
             perturbation_interval=1,  # one exploit/explore round per generation

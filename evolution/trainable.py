@@ -2,8 +2,9 @@
 
 Each iteration decodes the trial's genome into a recipe, merges the parents **in memory**
 (``alloy.merge.executor.merge_state_dicts``; the parents arrive once per node through the object store), scores
-the candidate on this generation's rotating dev batch and reports ``fitness`` with a tiny checkpoint holding the
-genome (JSON), never weights.
+the candidate on this generation's rotating dev batch (or, with ``fidelity: asha``, rung after rung of
+:mod:`evolution.racing` while it clears the cutoffs in its config) and reports ``fitness`` (``full_dev`` says
+whether it is the whole dev split's) with a tiny checkpoint holding the genome (JSON), never weights.
 
 Where the genome lives (the PBT donor-checkpoint pitfall): the genome is the trial's *config*, and PBT's exploit
 copies the donor's config (then perturbs it); the donor's generation and candidate id reach the recipient in the
@@ -33,6 +34,7 @@ from alloy.merge.executor import merge_state_dicts
 from evolution.genome import Genome, GenomeSpace
 from evolution.objectives import objectives_of
 from evolution.parents import ParentArrays, as_tensors
+from evolution.racing import Batch, Racing, race
 from evolution.scoring import CandidateScorer, FitnessRecord, ScorerSpec, cached_scorer, genome_key
 
 if TYPE_CHECKING:  # torch loads only in processes that handle tensors
@@ -42,6 +44,7 @@ GENOME_KEY = "genome"
 LINEAGE_KEY = "lineage"
 ORDINAL_KEY = "ordinal"
 CACHED_KEY = "cached"  # the FitnessRecord of a genome the run already scored, set by the driver
+RUNG_CUTOFFS_KEY = "rung_cutoffs"  # fidelity asha: each rung's bar, from earlier generations (evolution.racing)
 STEP_SIGMA = 0.1  # a trial's own step when it runs on in one call (SearchSettings.sigma's default)
 STATE_FILE = "genome.json"
 
@@ -60,6 +63,7 @@ class TrialSetup(BaseModel):
     ordinal_generations: int | None = None
     # Which run of the search this is (a fresh id per Tuner.fit, new after Tuner.restore): see _resume_state.
     incarnation: str = ""
+    racing: Racing | None = None  # fidelity asha: the rung schedule (then dev_batch_size is None)
 
 
 class CandidateState(BaseModel):
@@ -171,7 +175,8 @@ def evolution_trainable(config: dict[str, Any], parents: ParentArrays, data: Any
             result = _repeat_result(known, genome, generation, parent_candidate)
             candidate_id = known.candidate_id
         else:
-            result = _score(space, genome, tensors, scorer, setup, generation, parent_candidate, trial_id)
+            cutoffs = config.get(RUNG_CUTOFFS_KEY) or []
+            result = _score(space, genome, tensors, scorer, setup, generation, parent_candidate, trial_id, cutoffs)
             candidate_id = result["candidate_id"]
         _report(
             result,
@@ -213,17 +218,30 @@ def _score(
     generation: int,
     parent_candidate: str | None,
     trial_id: str,
+    cutoffs: list[float | None] | None = None,
 ) -> dict[str, Any]:
-    """Merge and score one candidate; its result row."""
+    """Merge and score one candidate (on its generation's dev batch, or rung after rung); its result row."""
 
     recipe = space.decode(genome)
+    cpu_started = time.process_time()  # this process's CPU (torch runs setup.torch_threads threads in it)
     started = time.perf_counter()
     merged = merge_state_dicts(recipe, tensors, device=setup.device)
     merged_at = time.perf_counter()
-    batch = rotating_batches(generation, scorer.sizes, setup.dev_batch_size, setup.batch_seed)
-    metrics = scorer.score(merged, batch_indices=batch)
+    racing: dict[str, Any] = {}
+    if setup.racing is None:
+        batches: list[Batch] = [rotating_batches(generation, scorer.sizes, setup.dev_batch_size, setup.batch_seed)]
+        metrics = scorer.score(merged, batch_indices=batches[0])
+    else:
+        schedule = setup.racing.batches(scorer.sizes)
+        rung_scores, metrics = _race(scorer, merged, schedule, cutoffs or [])
+        batches = schedule[: len(rung_scores)]
+        racing = {"rung": len(rung_scores) - 1, "rung_scores": rung_scores}
     scored_at = time.perf_counter()
     del merged
+    full_dev = batches[-1] is None or all(chosen is None for chosen in batches[-1].values())
+    examples = sum(_examples(batch, scorer.sizes) for batch in batches)
+    cpu_s = time.process_time() - cpu_started
+    recorded = {**metrics, **racing, "full_dev": full_dev, "examples_scored": examples, "cpu_s": cpu_s}
     return {
         "fitness": metrics["fitness"],
         **objectives_of(metrics, scorer.spec.dataset_ids, scorer.sign),
@@ -232,11 +250,28 @@ def _score(
         "parent_candidate": parent_candidate or "",
         "genome_json": json.dumps(genome, sort_keys=True),
         "recipe_json": json.dumps(recipe.model_dump(mode="json", exclude_none=True), sort_keys=True),
-        "metrics_json": json.dumps(metrics, sort_keys=True),
-        "batch_examples": _examples(batch, scorer.sizes),
+        "metrics_json": json.dumps(recorded, sort_keys=True),
+        "batch_examples": _examples(batches[-1], scorer.sizes),
+        "full_dev": full_dev,
+        **({"rung": racing["rung"], "rung_scores_json": json.dumps(racing["rung_scores"])} if racing else {}),
         "merge_s": merged_at - started,
         "score_s": scored_at - merged_at,
     }
+
+
+def _race(
+    scorer: CandidateScorer, merged: dict[str, torch.Tensor], schedule: list[Batch], cutoffs: list[float | None]
+) -> tuple[list[float], dict[str, float]]:
+    """The rung scores a merged candidate reaches, and the metrics of its last rung."""
+    reached: list[dict[str, float]] = []
+
+    def score_rung(rung: int) -> float:
+        # the candidate's weights are loaded into the skeleton once, for its first rung
+        batch = schedule[rung]
+        reached.append(scorer.score(merged, batch_indices=batch) if rung == 0 else scorer.score_loaded(batch))
+        return reached[-1]["fitness"]
+
+    return race(score_rung, cutoffs, len(schedule)), reached[-1]
 
 
 def _repeat_result(
@@ -249,6 +284,7 @@ def _repeat_result(
         **known.objectives,
         "generation": generation,
         "repeat_of": known.candidate_id,
+        "full_dev": known.full_dev,  # a recorded estimate stays an estimate
         "parent_candidate": parent_candidate or "",
         "genome_json": json.dumps(genome, sort_keys=True),
         "merge_s": 0.0,
@@ -256,7 +292,7 @@ def _repeat_result(
     }
 
 
-def _examples(batch: dict[str, list[int] | None] | None, sizes: dict[str, int]) -> int:
+def _examples(batch: Batch, sizes: dict[str, int]) -> int:
     if batch is None:
         return sum(sizes.values())
     return sum(sizes[d] if chosen is None else len(chosen) for d, chosen in batch.items())

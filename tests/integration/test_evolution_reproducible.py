@@ -1,6 +1,7 @@
 """A real Ray Tune search on the ``tiny`` preset, run twice from one seed: the same candidates (genome, generation,
 fitness) both times, every candidate a distinct genome, none scored twice (issue 18, item 1); for every search kind,
-and with the operator (merge method) gene."""
+and with the operator (merge method) gene; and the same for successive halving on dev subsets (``fidelity: asha``,
+issue 18, item 6), whose full-dev candidates carry exactly the whole dev split's fitness."""
 
 from __future__ import annotations
 
@@ -31,7 +32,15 @@ def tiny_inputs(tmp_path_factory):
     return base, finetunes, dataset_ids, data, parents
 
 
-def search(tiny_inputs, tmp_path, run_name: str, kind: str, seed: int, operators: list[str] | None = None):
+def search(
+    tiny_inputs,
+    tmp_path,
+    run_name: str,
+    kind: str,
+    seed: int,
+    operators: list[str] | None = None,
+    fidelity: str = "fixed",
+):
     from evolution.config import SearchSettings
     from evolution.genome import Bounds, GenomeSpace
     from evolution.runner import run_search
@@ -48,7 +57,14 @@ def search(tiny_inputs, tmp_path, run_name: str, kind: str, seed: int, operators
         seed=seed,
     )
     settings = SearchSettings(
-        kind=kind, population=3, generations=3, seed=seed, dev_batch_size=8, cpus_per_trial=0.5, time_budget_s=600
+        kind=kind,
+        population=3,
+        generations=3,
+        seed=seed,
+        dev_batch_size=8 if fidelity == "fixed" else None,
+        cpus_per_trial=0.5,
+        time_budget_s=600,
+        fidelity=fidelity,
     )
     outcome = run_search(
         run_name=run_name,
@@ -90,3 +106,51 @@ def test_one_seed_gives_the_same_distinct_candidates_twice(ray_cluster, tiny_inp
         for candidate in sorted(first, key=lambda c: c.generation):
             by_trial.setdefault(candidate.trial_id, []).append(candidate.genome)
         assert all(a != b for genomes in by_trial.values() for a, b in zip(genomes, genomes[1:]))
+
+
+def whole_dev_fitness(tiny_inputs, space, genome) -> float:
+    from alloy.merge.executor import merge_state_dicts
+    from evolution.parents import as_tensors
+    from evolution.scoring import CandidateScorer, ScorerSpec
+
+    base, _, dataset_ids, data, parents = tiny_inputs
+    scorer = CandidateScorer(ScorerSpec(model_dir=str(base.path), dataset_ids=dataset_ids, split="dev"), data)
+    return scorer.score(merge_state_dicts(space.decode(genome), as_tensors(parents)))["fitness"]
+
+
+@pytest.mark.parametrize("kind", ["pbt", "random"])
+def test_asha_races_the_same_candidates_twice_and_only_full_dev_scores_are_full_dev(
+    ray_cluster, tiny_inputs, tmp_path, kind
+):
+    from evolution.finalize import finalists
+    from evolution.scoring import genome_key
+
+    space, first = search(tiny_inputs, tmp_path, f"asha-{kind}-a", kind, seed=5, fidelity="asha")
+    _, second = search(tiny_inputs, tmp_path, f"asha-{kind}-b", kind, seed=5, fidelity="asha")
+    assert len(first) == 3 * 3
+    assert len({genome_key(space, c.genome) for c in first}) == len(first)
+
+    def race_of(candidates):  # the fingerprint plus the rungs each candidate reached and scored
+        return sorted(
+            (
+                c.generation,
+                json.dumps(c.genome, sort_keys=True),
+                c.fitness,
+                c.metrics["rung"],
+                *c.metrics["rung_scores"],
+            )
+            for c in candidates
+        )
+
+    assert race_of(first) == race_of(second)
+    generation_1 = [c for c in first if c.generation == 1]
+    assert generation_1 and all(c.metrics["full_dev"] for c in generation_1)  # no bars yet: the whole split
+    stopped = [c for c in first if not c.metrics["full_dev"]]
+    assert stopped, "nothing was stopped early: the race saved nothing"
+    assert all(c.metrics["rung"] < 2 and len(c.metrics["rung_scores"]) == c.metrics["rung"] + 1 for c in stopped)
+    finished = [c for c in first if c.metrics["full_dev"]]
+    assert all(c.metrics["rung"] == 2 for c in finished)
+    # a full-dev fitness is the whole dev split's (what fidelity fixed with dev_batch_size null reports)
+    best = max(finished, key=lambda c: c.fitness)
+    assert best.fitness == whole_dev_fitness(tiny_inputs, space, best.genome)
+    assert {f.candidate.candidate_id for f in finalists(first, 9)} == {c.candidate_id for c in finished}

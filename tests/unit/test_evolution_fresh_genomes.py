@@ -162,7 +162,7 @@ def test_a_space_without_fresh_neighbours_falls_back_to_the_ledgers_fitness():
     scheduler._ledger.record(genome, "t0-g1", 0.25)
     child, known = scheduler._fresh(genome)
     assert genome_key(tight, child) == genome_key(tight, genome)
-    assert known == {"candidate_id": "t0-g1", "fitness": 0.25, "objectives": {}}
+    assert known == {"candidate_id": "t0-g1", "fitness": 0.25, "objectives": {}, "full_dev": False, "rung_scores": []}
     assert FRESH_TRIES > 1
 
 
@@ -196,7 +196,13 @@ def test_cmaes_limiter_tells_a_repeated_suggestion_its_recorded_fitness():
     limiter.on_trial_complete("a", result)
     second = limiter.suggest("b")
     # the per-dataset objectives too: NSGA-II reads them from the repeat's result
-    assert second[CACHED_KEY] == {"candidate_id": "a-g001", "fitness": 0.3, "objectives": {"objective_0": 0.5}}
+    assert second[CACHED_KEY] == {
+        "candidate_id": "a-g001",
+        "fitness": 0.3,
+        "objectives": {"objective_0": 0.5},
+        "full_dev": False,  # the result did not say it was the whole dev split's
+        "rung_scores": [],
+    }
 
 
 @pytest.mark.parametrize("seed", [0, 1])
