@@ -36,27 +36,28 @@ WORK_FACTOR = {
     "breadcrumbs_ties": 0.75,
     "dare_linear": 1.5,
     "dare_ties": 1.5,
-    "della": 4.0,
-    "della_linear": 4.0,
+    "della": 1.0,  # ranks, draws and masks a block of rows at a time (kernels.sparsify)
+    "della_linear": 1.0,
 }
 DEFAULT_WORK_FACTOR = 4.0
 # Scratch of a kernel's whole-tensor sums, per element of at most one chunk (kernels.reductions.CHUNK) of its
 # tensor, streamed or not: slerp's gram sums convert a chunk of both inputs to float64 and hold their three
 # products at once.
 SCRATCH_BYTES_PER_ELEMENT = {"slerp": 5 * 8}
-# CPU nanoseconds per input element (one element of one input), reading and writing included.
+# CPU nanoseconds per input element (one element of one input), reading and writing included; calibrated on
+# bench/merge_bench.py on a quiet 2-vCPU machine (the wall estimate stretches them for the load it sees).
 NS_PER_INPUT_ELEMENT = {
     "linear": 6.0,
     "task_arithmetic": 6.0,
     "passthrough": 1.0,
     "slerp": 27.0,
-    "ties": 16.5,
-    "breadcrumbs": 25.0,
-    "breadcrumbs_ties": 25.0,
+    "ties": 21.0,
+    "breadcrumbs": 30.0,
+    "breadcrumbs_ties": 30.0,
     "dare_linear": 50.0,
     "dare_ties": 52.0,
-    "della": 84.0,
-    "della_linear": 84.0,
+    "della": 72.0,
+    "della_linear": 72.0,
 }
 DEFAULT_NS_PER_INPUT_ELEMENT = 60.0
 STARTUP_S = 2.2  # interpreter, imports, manifests, plan (wall and CPU alike)
