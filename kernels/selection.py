@@ -23,6 +23,7 @@ the CPU cache, which is most of the speed: every pass over a chunk after the fir
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -251,16 +252,18 @@ def keep_cut_(flat: torch.Tensor, cut: Cut) -> torch.Tensor:
             piece.masked_fill_(~_piece_mask(magnitude_keys(piece), cut, start), 0.0)
         return flat
     for start, end in _chunks(flat.numel()):
-        piece = flat[start:end]
-        if cut.tie_end >= end:
-            _shrink_(piece, cut.key, inclusive=True)
-        elif cut.tie_end <= start:
-            _shrink_(piece, cut.key, inclusive=False)
-        else:
-            split = cut.tie_end - start
-            _shrink_(piece[:split], cut.key, inclusive=True)
-            _shrink_(piece[split:], cut.key, inclusive=False)
+        _on_tie_sides(flat[start:end], start, cut, _shrink_)
     return flat
+
+
+def _on_tie_sides(piece: torch.Tensor, start: int, cut: Cut, apply: Callable[[torch.Tensor, int, bool], None]) -> None:
+    """``apply(part, cut.key, inclusive)`` to the part of ``piece`` (at flat position ``start``) before the cut's
+    ``tie_end``, where entries equal to the key are inside the cut, and to the part after it, where they are not."""
+    split = min(max(cut.tie_end - start, 0), piece.numel())
+    if split > 0:
+        apply(piece[:split], cut.key, True)
+    if split < piece.numel():
+        apply(piece[split:], cut.key, False)
 
 
 def _drop_(piece: torch.Tensor, key: int, inclusive: bool) -> None:
@@ -280,12 +283,6 @@ def drop_cut_(flat: torch.Tensor, cut: Cut) -> torch.Tensor:
         piece = flat[start:end]
         if cut.key >= INF_KEY or not math.isfinite(float(piece.sum())):
             piece.masked_fill_(_piece_mask(magnitude_keys(piece), cut, start), 0.0)
-        elif cut.tie_end >= end:
-            _drop_(piece, cut.key, inclusive=True)
-        elif cut.tie_end <= start:
-            _drop_(piece, cut.key, inclusive=False)
         else:
-            split = cut.tie_end - start
-            _drop_(piece[:split], cut.key, inclusive=True)
-            _drop_(piece[split:], cut.key, inclusive=False)
+            _on_tie_sides(piece, start, cut, _drop_)
     return flat
