@@ -291,7 +291,9 @@ def della_prune_(
     return _rescale_l1_(owned, before) if rescale else owned
 
 
-DELLA_BLOCK = 32768  # elements of whole rows ranked, drawn and masked at a time: the temporaries stay in cache
+# Elements of whole rows (at least) ranked, drawn and masked at a time: the temporaries stay in cache, and it is
+# torch's grain size, from which its CPU sort of a 1-D integer tensor is a radix sort.
+DELLA_BLOCK = 32768
 
 
 def _rank_probabilities(length: int, density: float, epsilon: float) -> torch.Tensor:
@@ -326,22 +328,34 @@ def _draw_stream(numel: int, generator: torch.Generator):
 def _della_keep_blocked_(rows: torch.Tensor, density: float, epsilon: float, generator: torch.Generator) -> None:
     """:func:`_draw_keep_` with :func:`della_keep_probability`, bit for bit, on a contiguous float32 CPU matrix,
     a block of whole rows at a time (WHY: the full-size rank, probability and int64 order tensors were 5 passes
-    over memory and most of DELLA's peak memory). Each row is ranked by one sort of int64 keys that append the
-    column to the magnitude key: unique keys, so torch's faster unstable sort gives the stable order. An entry is
-    kept when its draw is below its probability: ``sign(relu(p - u))`` is that test as a float 1 or +0, and
-    multiplying by it is what multiplying by the bool mask does (float ops: bool ones were several times slower)."""
+    over memory and most of DELLA's peak memory).
+
+    A block is ranked by one sort of 1-D int64 keys ``row | magnitude | column``: the keys are unique, so any sort
+    gives each row's stable order, and the rank of the entry at sorted position ``i`` is ``i`` minus its row's
+    start. WHY one 1-D sort of the block and not a sort per row: torch sorts a 1-D integer tensor of at least
+    ``DELLA_BLOCK`` (its grain size) elements by radix, ~2.8x less CPU than its per-row comparison sort, and the sort
+    was most of DELLA's time. An entry is kept when its draw is below its probability: ``sign(relu(p - u))`` is
+    that test as a float 1 or +0, and multiplying by it is what multiplying by the bool mask does (float ops: bool
+    ones were several times slower)."""
     length = rows.shape[1]
-    table = _rank_probabilities(length, density, epsilon)
+    per_block = max(1, -(-DELLA_BLOCK // length))
     column_bits = max(1, (length - 1).bit_length())
+    row_shift = 31 + column_bits  # magnitude keys are non-negative int32: 31 bits
+    if row_shift + max(1, (per_block - 1).bit_length()) > 63:
+        raise ValueError(f"a row of {length} entries is too long to rank")  # 2**32 entries: not a real tensor
     columns = torch.arange(length, dtype=torch.int64)
+    row_keys = torch.arange(per_block, dtype=torch.int64).bitwise_left_shift_(row_shift).unsqueeze(1)
+    table = _rank_probabilities(length, density, epsilon).repeat(per_block)  # each row's ranks, row after row
     draws = _draw_stream(rows.numel(), generator)
     next(draws)
-    per_block = max(1, DELLA_BLOCK // length)
     for first in range(0, rows.shape[0], per_block):
         block = rows[first : first + per_block]
-        keys = selection.magnitude_keys(block).to(torch.int64).bitwise_left_shift_(column_bits).bitwise_or_(columns)
-        order = torch.sort(keys, dim=-1).indices
+        count = block.shape[0]
+        keys = selection.magnitude_keys(block).to(torch.int64).bitwise_left_shift_(column_bits)
+        keys.bitwise_or_(columns).bitwise_or_(row_keys[:count])
+        order = torch.sort(keys.view(-1), stable=True).indices
         del keys
-        probability = torch.empty(block.shape, dtype=torch.float32).scatter_(-1, order, table.expand(block.shape))
+        probability = torch.empty(block.numel(), dtype=torch.float32).scatter_(0, order, table[: block.numel()])
+        probability = probability.view(block.shape)
         uniform_draws = draws.send(block.numel()).view(block.shape)
         block.mul_(_below_as_float_(probability.sub_(uniform_draws)))
