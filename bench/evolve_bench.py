@@ -24,9 +24,10 @@ What it does, with Alloy's own code throughout:
    ``configs/evolve-<preset>.yaml`` (budget overridable) through :class:`evolution.engine.EvolutionService` —
    the same engine as ``POST /evolutions`` and ``ray job submit`` — on a bench-only database/artifact folder
    under ``bench/out/evolve-bench/`` and the preset built under ``--data-dir`` (default ``var``);
-2. the grid baselines: the best task arithmetic and the best TIES chosen on dev, reported on test — read from
-   ``bench/out/<preset>.json`` (written by ``bench/merge_quality.py --json``) when it exists, else computed
-   here with ``merge_state_dicts`` + ``CandidateEvaluator`` over a small grid;
+2. the grid baselines: the best of each family chosen on dev, reported on test — read from
+   ``bench/out/<preset>.json`` (written by ``bench/merge_quality.py --json``: task arithmetic and TIES) when it
+   exists, else computed here with ``merge_state_dicts`` + ``CandidateEvaluator`` over a grid of task
+   arithmetic, TIES and (``--grid full``) the data-free subspace operators TSV-M, Iso-C and Iso-CTS;
 3. the overhead: seconds of one trial slot per candidate in the search (search wall time x trials running at
    once / candidates; Tune scheduling, PBT pauses, actors, checkpoints and records included) vs a bare
    in-process ``merge_state_dicts`` + ``CandidateEvaluator.score`` of the same recipe on the same dev examples,
@@ -54,6 +55,13 @@ sys.path.insert(0, str(PROJECT_ROOT))
 # The grid a careful user would sweep by hand (TIES needs lambda > 1 once most of each task vector is trimmed).
 GRID_TA_LAMBDAS = (0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.2)
 GRID_TIES = tuple((density, lam) for density in (0.2, 0.5) for lam in (0.7, 1.0, 1.5, 2.0))  # (density, lambda)
+# The data-free subspace operators (Alloy-only: kernels/tsv.py, kernels/iso.py), swept over the papers' alpha the
+# same way: TSV-M's paper keeps alpha 1, Iso-C/Iso-CTS pick it on validation (flat spectra want alpha > 1).
+GRID_SUBSPACE = {
+    "tsv": ("TSV-M", (0.5, 0.7, 1.0, 1.5)),
+    "iso_c": ("Iso-C", (0.5, 1.0, 1.5, 2.0, 3.0)),
+    "iso_cts": ("Iso-CTS", (1.0, 1.5, 2.0, 3.0)),
+}
 GRID_TA_SMALL = (0.5, 1.0)  # --grid small: for models whose every score takes a minute (causal-lm on a busy CPU)
 GRID_TIES_SMALL = ((0.5, 1.0),)
 SEARCHES = ("ps", "dfs", "ps+dfs")
@@ -320,6 +328,21 @@ def grid_recipes(base: str, tunes: list[str], size: str = "full"):
                 parameters={"lambda": lam},
             ),
         )
+    if size != "full":
+        return
+    for method, (label, alphas) in GRID_SUBSPACE.items():
+        for lam in alphas:
+            yield (
+                f"{label} α={lam:g}",
+                method,
+                MergeRecipe(
+                    strategy="task_arithmetic",  # their HTTP family; the method is the variant
+                    variant=method,
+                    base_model=base,
+                    models=models,
+                    parameters={"lambda": lam},
+                ),
+            )
 
 
 def grid_from_json(path: Path) -> dict[str, dict[str, Any]] | None:
