@@ -30,14 +30,25 @@ def _fixed_order_total(partials: torch.Tensor) -> torch.Tensor:
     return partials.sum()
 
 
+def _scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A float64 buffer for one chunk, reused for every chunk of a call. WHY: a fresh multi-MB tensor per chunk
+    costs its page faults every time (the allocator hands such blocks back to the OS); reusing one made an L1 norm
+    of 24.5M floats ~10x cheaper (0.09 -> 0.009 s)."""
+    return torch.empty(min(numel, CHUNK), dtype=torch.float64, device=like.device)
+
+
 def _chunked(flat_inputs: list[torch.Tensor], combine: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Fixed-order total of ``combine`` over float64 copies of the inputs, a chunk at a time. ``combine`` may work
+    in place on its arguments: they are this call's scratch buffers, never the inputs."""
     numel = flat_inputs[0].numel()
+    if numel == 0:
+        return torch.zeros((), dtype=torch.float64, device=flat_inputs[0].device)
+    scratch = [_scratch(numel, x) for x in flat_inputs]
     partials = []
     for start in range(0, numel, CHUNK):
-        pieces = [x[start : start + CHUNK].to(torch.float64) for x in flat_inputs]
+        stop = min(numel, start + CHUNK)
+        pieces = [buffer[: stop - start].copy_(x[start:stop]) for x, buffer in zip(flat_inputs, scratch)]
         partials.append(_row_sums(combine(*pieces)))
-    if not partials:
-        return torch.zeros((), dtype=torch.float64, device=flat_inputs[0].device)
     return _fixed_order_total(torch.cat(partials))
 
 
@@ -48,7 +59,7 @@ def stable_sum(x: torch.Tensor) -> torch.Tensor:
 
 def stable_abs_sum(x: torch.Tensor) -> torch.Tensor:
     """L1 norm of ``x`` in float64, in a fixed association order, without a full-size ``abs`` temporary."""
-    return _chunked([x.reshape(-1)], lambda a: a.abs())
+    return _chunked([x.reshape(-1)], torch.abs_)
 
 
 class GramSums:
@@ -64,12 +75,18 @@ class GramSums:
         if self._ragged:
             raise ValueError("only the last piece may end off a CHUNK boundary")
         flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-        self._ragged = flat_a.numel() % CHUNK != 0
-        for start in range(0, flat_a.numel(), CHUNK):
-            x = flat_a[start : start + CHUNK].to(torch.float64)
-            y = flat_b[start : start + CHUNK].to(torch.float64)
-            for bucket, product in zip(self._partials, (x * x, y * y, x * y)):
-                bucket.append(_row_sums(product))
+        numel = flat_a.numel()
+        self._ragged = numel % CHUNK != 0
+        if numel == 0:
+            return
+        x_buffer, y_buffer, product_buffer = (_scratch(numel, flat_a) for _ in range(3))
+        for start in range(0, numel, CHUNK):
+            stop = min(numel, start + CHUNK)
+            x = x_buffer[: stop - start].copy_(flat_a[start:stop])
+            y = y_buffer[: stop - start].copy_(flat_b[start:stop])
+            product = product_buffer[: stop - start]
+            for bucket, (left, right) in zip(self._partials, ((x, x), (y, y), (x, y))):
+                bucket.append(_row_sums(torch.mul(left, right, out=product)))
 
     def totals(self) -> tuple[float, float, float]:
         """``(a·a, b·b, a·b)`` over every piece added."""
@@ -88,4 +105,4 @@ def stable_gram(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
 
 def stable_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Dot product of two same-sized tensors (flattened) in float64, thread-count independent."""
-    return _chunked([a.reshape(-1), b.reshape(-1)], lambda x, y: x * y)
+    return _chunked([a.reshape(-1), b.reshape(-1)], torch.Tensor.mul_)
