@@ -44,6 +44,7 @@ METHODS = {
     "dare_ties": ("all", {"weight": 1.0, "density": 0.5}, {"normalize": True}),
     "della": ("all", {"weight": 1.0, "density": 0.5, "epsilon": 0.1}, {"lambda": 1.0}),
     "breadcrumbs_ties": ("all", {"weight": 1.0, "density": 0.5, "gamma": 0.01}, {}),
+    "sce": ("all", {}, {"select_topk": 0.5}),  # top-k by the variance across models
     "slerp": ("one", {}, {"t": 0.5}),
     "task_arithmetic": ("all", {"weight": 1.0}, {}),
 }

@@ -118,7 +118,9 @@ def whole_dev_fitness(tiny_inputs, space, genome) -> float:
     return scorer.score(merge_state_dicts(space.decode(genome), as_tensors(parents)))["fitness"]
 
 
-@pytest.mark.parametrize("kind", ["pbt", "random"])
+# PBT only: racing under PBT (exploited trials copy a raced donor) is the harder path; random search races through
+# the same code minus the exploit, and each such pair of Tune runs costs ~35 s of CI.
+@pytest.mark.parametrize("kind", ["pbt"])
 def test_asha_races_the_same_candidates_twice_and_only_full_dev_scores_are_full_dev(
     ray_cluster, tiny_inputs, tmp_path, kind
 ):
