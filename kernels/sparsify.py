@@ -346,16 +346,22 @@ def _della_keep_blocked_(rows: torch.Tensor, density: float, epsilon: float, gen
     columns = torch.arange(length, dtype=torch.int64)
     row_keys = torch.arange(per_block, dtype=torch.int64).bitwise_left_shift_(row_shift).unsqueeze(1)
     table = _rank_probabilities(length, density, epsilon).repeat(per_block)  # each row's ranks, row after row
+    # One set of buffers for every block (WHY: fresh tensors of this size cost their page faults on every block;
+    # reused, the copies and abs of a 24.5M-element delta went from 0.22 to 0.08 CPU s).
+    capacity = per_block * length
+    magnitudes = torch.empty(capacity, dtype=torch.float32)
+    keys, sorted_keys, order = (torch.empty(capacity, dtype=torch.int64) for _ in range(3))
+    probability = torch.empty(capacity, dtype=torch.float32)
     draws = _draw_stream(rows.numel(), generator)
     next(draws)
     for first in range(0, rows.shape[0], per_block):
         block = rows[first : first + per_block]
-        count = block.shape[0]
-        keys = selection.magnitude_keys(block).to(torch.int64).bitwise_left_shift_(column_bits)
-        keys.bitwise_or_(columns).bitwise_or_(row_keys[:count])
-        order = torch.sort(keys.view(-1), stable=True).indices
-        del keys
-        probability = torch.empty(block.numel(), dtype=torch.float32).scatter_(0, order, table[: block.numel()])
-        probability = probability.view(block.shape)
-        uniform_draws = draws.send(block.numel()).view(block.shape)
-        block.mul_(_below_as_float_(probability.sub_(uniform_draws)))
+        count, numel = block.shape[0], block.numel()
+        magnitude = torch.abs(block, out=magnitudes[:numel].view(block.shape))  # magnitude_keys, in place
+        block_keys = keys[:numel].view(block.shape).copy_(magnitude.view(torch.int32))
+        block_keys.bitwise_left_shift_(column_bits).bitwise_or_(columns).bitwise_or_(row_keys[:count])
+        torch.sort(keys[:numel], stable=True, out=(sorted_keys[:numel], order[:numel]))
+        # every position gets one rank's probability: order is a permutation of the block
+        keep_probability = probability[:numel].scatter_(0, order[:numel], table[:numel]).view(block.shape)
+        uniform_draws = draws.send(numel).view(block.shape)
+        block.mul_(_below_as_float_(keep_probability.sub_(uniform_draws)))
