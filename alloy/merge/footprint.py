@@ -4,7 +4,10 @@ reports. One model for both, so that what the dry run promises is what the execu
 
 The constants are calibrated, not derived: ``bench/merge_bench.py --check-estimates`` runs real merges and prints
 estimate / measured for each method; refit them there when a kernel changes. Calibrated on 2 shared vCPUs
-(x86-64, torch CPU), fp32 inputs.
+(x86-64, torch CPU), fp32 inputs, one torch thread per merge thread (``alloy merge --threads``' default there).
+The CPU constants are this machine kind's: two VMs of the same kind ran the same merges 2.2x apart (the earlier
+calibration's TIES took 11.2 CPU s, the present one's 4.6), so on other hardware the wall and CPU estimates scale
+by its speed, while the memory and disk estimates do not.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from alloy.merge.plan import MergePlan, TensorTask
 from kernels import reductions
 
 # Resident bytes of a merge process before its first tensor: the interpreter, torch and Alloy's imports.
-BASE_RSS_BYTES = 250 * 1024**2
+BASE_RSS_BYTES = 300 * 1024**2
 # Float32 temporaries a kernel holds at once beyond its inputs, in units of the output tensor: the peak of a
 # merge whose largest tensor runs alone, less the base, over that tensor's float32 bytes, less the inputs. The
 # executor hands kernels the inputs it read (``owned``), which most kernels reuse for their results.
@@ -47,20 +50,21 @@ SCRATCH_BYTES_PER_ELEMENT = {"slerp": 5 * 8}
 # CPU nanoseconds per input element (one element of one input), reading and writing included; calibrated on
 # bench/merge_bench.py on a quiet 2-vCPU machine (the wall estimate stretches them for the load it sees).
 NS_PER_INPUT_ELEMENT = {
-    "linear": 6.0,
-    "task_arithmetic": 6.0,
+    "linear": 4.1,
+    "task_arithmetic": 4.1,
     "passthrough": 1.0,
-    "slerp": 27.0,
-    "ties": 21.0,
-    "breadcrumbs": 30.0,
-    "breadcrumbs_ties": 30.0,
-    "dare_linear": 50.0,
-    "dare_ties": 52.0,
-    "della": 72.0,
-    "della_linear": 72.0,
+    "slerp": 10.9,
+    "ties": 7.5,
+    "breadcrumbs": 9.8,
+    "breadcrumbs_ties": 9.8,
+    "dare_linear": 10.8,
+    "dare_ties": 11.2,
+    "della": 19.9,
+    "della_linear": 19.9,
+    "sce": 18.6,
 }
-DEFAULT_NS_PER_INPUT_ELEMENT = 60.0
-STARTUP_S = 2.2  # interpreter, imports, manifests, plan (wall and CPU alike)
+DEFAULT_NS_PER_INPUT_ELEMENT = 20.0
+STARTUP_S = 1.55  # interpreter, imports, manifests, plan (wall and CPU alike)
 
 
 def task_numel(task: TensorTask) -> int:
