@@ -203,7 +203,7 @@ def _merge(
     from alloy.merge.executor import execute_merge
 
     # WHY: the merge threads already run tensors in parallel; torch's default (every core per op) oversubscribes
-    # the cores, and its idle OpenMP threads spin: DELLA's sorts took 1.7x the CPU seconds with 2 threads per
+    # the cores, and its idle OpenMP threads spin: DELLA took 1.2-1.7x the CPU seconds with 2 threads per
     # worker than with 1 on 2 cores, for no wall time gained by any method.
     torch.set_num_threads(limits["threads"])
     recipe, sources = load_recipe(recipe_file, seed)
