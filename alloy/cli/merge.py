@@ -7,7 +7,6 @@ a staging folder next to it."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -151,7 +150,7 @@ def merge(
         raise click.UsageError("OUT_DIR is required (unless --dry-run)")
     limits = {"shard_bytes": shard_bytes, "max_in_flight": max_in_flight, "workers": workers}
     limits["max_in_flight_bytes"] = max_in_flight_bytes
-    limits["threads"] = threads or max(1, len(os.sched_getaffinity(0)) // max(1, workers))
+    limits["threads"] = threads or 0  # 0: the default, this process's cores / workers
     with StopOnSignal() as stop:
         try:
             result = _merge(recipe_file, out_dir, device, seed, limits, quiet, stop)
@@ -201,11 +200,12 @@ def _merge(
     from tqdm import tqdm
 
     from alloy.merge.executor import execute_merge
+    from alloy.merge.footprint import usable_cores
 
     # WHY: the merge threads already run tensors in parallel; torch's default (every core per op) oversubscribes
     # the cores, and its idle OpenMP threads spin: DELLA took 1.2-1.7x the CPU seconds with 2 threads per
     # worker than with 1 on 2 cores, for no wall time gained by any method.
-    torch.set_num_threads(limits["threads"])
+    torch.set_num_threads(limits["threads"] or max(1, usable_cores() // max(1, limits["workers"])))
     recipe, sources = load_recipe(recipe_file, seed)
     if out_dir.exists():
         raise AlloyError(ErrorCode.ALREADY_EXISTS, f"{out_dir} already exists", {"path": str(out_dir)})

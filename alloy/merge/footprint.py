@@ -145,10 +145,14 @@ def cpu_share(threads: int, cpus: int, load: float) -> float:
     return cpus * threads / (load + threads)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def machine() -> tuple[int, float]:
     """This process's cores (its affinity) and the other threads competing for them now."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores, present_load()
+    return usable_cores(), present_load()
 
 
 def present_load(samples: int = 5, interval_s: float = 0.1) -> float:
