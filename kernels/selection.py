@@ -50,9 +50,10 @@ class Cut:
     tie_end: int
 
 
-def magnitude_keys(piece: torch.Tensor) -> torch.Tensor:
-    """int32 keys ordered as the magnitudes of the float32 ``piece`` (a new tensor)."""
-    return piece.abs().view(torch.int32)
+def magnitude_keys(piece: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 keys ordered as the magnitudes of the float32 ``piece`` (a new tensor, or written into the float32
+    ``out``)."""
+    return torch.abs(piece, out=out).view(torch.int32)
 
 
 def _chunks(numel: int, size: int = CHUNK):

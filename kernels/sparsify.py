@@ -357,8 +357,8 @@ def _della_keep_blocked_(rows: torch.Tensor, density: float, epsilon: float, gen
     for first in range(0, rows.shape[0], per_block):
         block = rows[first : first + per_block]
         count, numel = block.shape[0], block.numel()
-        magnitude = torch.abs(block, out=magnitudes[:numel].view(block.shape))  # magnitude_keys, in place
-        block_keys = keys[:numel].view(block.shape).copy_(magnitude.view(torch.int32))
+        magnitude = selection.magnitude_keys(block, out=magnitudes[:numel].view(block.shape))
+        block_keys = keys[:numel].view(block.shape).copy_(magnitude)
         block_keys.bitwise_left_shift_(column_bits).bitwise_or_(columns).bitwise_or_(row_keys[:count])
         torch.sort(keys[:numel], stable=True, out=(sorted_keys[:numel], order[:numel]))
         # every position gets one rank's probability: order is a permutation of the block
