@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import builtins  # the store's own list() method shadows the name in annotations below it
 import logging
+import random
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -62,7 +64,7 @@ LEGAL_MOVES: dict[JobState, frozenset[JobState]] = {
 
 JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 TRANSITION_FIELDS = frozenset({"progress", "result", "error"})
-CAS_RETRIES = 5
+CAS_RETRIES = 20  # a lost compare-and-set reads again, after a short random pause (_cas_pause)
 logger = logging.getLogger("alloy.jobs")
 
 # A check run inside the job-creation transaction (see JobStore.create); it refuses by raising an AlloyError.
@@ -135,6 +137,25 @@ def output_claimed(model_id: str | None) -> AlloyError:
         f"model {model_id!r} is already being produced by another job",
         {"field": "output_model_id", "model_id": model_id},
     )
+
+
+def _unchanged_since_read(row: JobRow):
+    """The compare-and-set condition of a write that read ``row``: the job is as it was read. Every write sets
+    ``updated_at``, so it is the row's version: a progress merge or a move that read an older row (a heartbeat
+    racing a candidate's progress) matches nothing and reads again, instead of writing back the stale progress it
+    read and losing the other's keys."""
+    return (
+        (JobRow.id == row.id)
+        & (JobRow.state == row.state)
+        & (JobRow.attempts == row.attempts)
+        & (JobRow.updated_at == row.updated_at)
+    )
+
+
+def _cas_pause(try_: int) -> None:
+    """A jittered pause after the ``try_``-th lost compare-and-set (writers that collided once would collide
+    again in lockstep): up to 1 ms, growing by 1 ms a try."""
+    time.sleep(random.uniform(0.0, 0.001 * (try_ + 1)))
 
 
 def _conflict(job_id: str, current: str, target: str, why: str = "illegal move") -> AlloyError:
@@ -225,7 +246,7 @@ class JobStore:
 
     def update_progress(self, job_id: str, **progress: Any) -> JobRecord:
         """Merge keys into the job's progress (percent, tensors_done, bytes_done, generation, best, ...)."""
-        for _ in range(CAS_RETRIES):
+        for try_ in range(CAS_RETRIES):
             with self.db.session() as session:
                 row = self._row(session, job_id)
                 current = JobState(row.state)
@@ -235,12 +256,13 @@ class JobStore:
                 changed = rows_changed(
                     session,
                     update(JobRow)
-                    .where(JobRow.id == job_id, JobRow.state == current.value)
+                    .where(_unchanged_since_read(row))
                     .values(progress=merged, updated_at=utcnow())
                     .execution_options(synchronize_session=False),
                 )
             if changed == 1:
                 return self.get(job_id)
+            _cas_pause(try_)
         raise _conflict(job_id, "?", "progress", "kept changing state during")
 
     def _move(
@@ -252,6 +274,23 @@ class JobStore:
         reason: str | None = None,
         attempt: int | None = None,
     ) -> JobRecord:
+        for try_ in range(CAS_RETRIES):
+            if self._try_move(job_id, target, allowed, fields, reason, attempt):
+                return self.get(job_id)
+            _cas_pause(try_)
+        raise _conflict(job_id, "?", target.value, "kept changing during")
+
+    def _try_move(
+        self,
+        job_id: str,
+        target: JobState,
+        allowed,
+        fields: dict[str, Any],
+        reason: str | None,
+        attempt: int | None,
+    ) -> bool:
+        """One compare-and-set try of a move: False when only a progress write (a heartbeat, a candidate) came
+        in between the read and the write, so the caller reads again; a conflicting state or attempt raises."""
         with self.db.session() as session:
             row = self._row(session, job_id)
             current = JobState(row.state)
@@ -280,12 +319,12 @@ class JobStore:
             changed = rows_changed(
                 session,
                 update(JobRow)
-                .where(JobRow.id == job_id, JobRow.state == current.value, JobRow.attempts == row.attempts)
+                .where(_unchanged_since_read(row))
                 .values(**values)
                 .execution_options(synchronize_session=False),
             )
             if changed != 1:
-                raise _conflict(job_id, current.value, target.value, "lost a concurrent move")
+                return False
             session.add(
                 JobEventRow(
                     job_id=job_id,
@@ -297,7 +336,7 @@ class JobStore:
                     at=now,
                 )
             )
-        return self.get(job_id)
+        return True
 
     # -- reads ----------------------------------------------------------------------------------------------
     @staticmethod

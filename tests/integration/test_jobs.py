@@ -132,6 +132,36 @@ def test_concurrent_compare_and_set_has_exactly_one_winner(jobs):
     assert outcomes == [["CONFLICT", "won"]] * rounds
 
 
+def test_concurrent_progress_writes_and_moves_lose_no_key(jobs):
+    """A heartbeat thread and the job's own progress writer merge into the same JSON: neither may write back a
+    stale copy over the other's keys (the lost update once dropped an evolution's last candidate count), and a
+    move racing them keeps every key too."""
+    job = jobs.create("evolution", {})
+    jobs.transition(job.id, JobState.PREPARING)
+    jobs.transition(job.id, JobState.RUNNING)
+    writes, stale = 60, []
+
+    def writer(key: str) -> None:
+        for value in range(1, writes + 1):
+            seen = jobs.update_progress(job.id, **{key: value}).progress
+            if seen.get(key, 0) < value:  # read back after the write: an overwrite already took it away
+                stale.append((key, value, seen.get(key)))
+
+    threads = [threading.Thread(target=writer, args=(key,)) for key in ("trials", "heartbeat", "other")]
+    for thread in threads:
+        thread.start()
+    evaluating = jobs.transition(job.id, JobState.EVALUATING, progress={"stage": "test"})
+    for thread in threads:
+        thread.join(60)
+    assert evaluating.state is JobState.EVALUATING
+    assert stale == []
+    final = jobs.complete(job.id, {}).progress
+    assert {key: final[key] for key in ("trials", "heartbeat", "other")} == dict.fromkeys(
+        ("trials", "heartbeat", "other"), writes
+    )
+    assert final["stage"] == "test" and final["percent"] == 100.0
+
+
 def test_requeue_records_interruption_and_replay(jobs):
     job = jobs.create("evolution", {"generations": 3})
     jobs.transition(job.id, "PREPARING")
