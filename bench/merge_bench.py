@@ -3,7 +3,7 @@
     python -m bench.merge_bench [--hidden 768 --intermediate 2048 --layers 4 --vocab 16000] [--tunes 3]
                                 [--shard-mb 200] [--methods ties,dare_ties,slerp,della,breadcrumbs_ties]
                                 [--mergekit /work/mkvenv/bin/python] [--no-mergekit] [--root DIR] [--keep-models]
-                                [--device cpu|cuda] [--check-estimates]
+                                [--device cpu|cuda] [--reference-device cpu] [--check-estimates]
 
 Builds (offline, with a fixed seed) a base and ``--tunes`` "fine-tunes" (base + small noise) as sharded fp32
 Llama-style checkpoints. Every method is written once as a mergekit YAML recipe, and the very same file is run by
@@ -18,7 +18,10 @@ methods are also compared tensor by tensor with mergekit's output (max |alloy - 
 ``--check-estimates`` runs ``alloy merge --dry-run --json`` before each Alloy merge and prints estimate / measured
 for peak RSS, disk and wall time (the issue's bar: within 25%). ``--device cuda`` runs Alloy's merges (floor
 included) on the GPU through the same code path; the estimates are calibrated for the CPU. mergekit is found at
-``--mergekit`` or ``$ALLOY_MERGEKIT_PYTHON``. The table ends with each method's ratios to the floor and to mergekit.
+``--mergekit`` or ``$ALLOY_MERGEKIT_PYTHON``. ``--reference-device cpu`` (with ``--device cuda``) also runs every
+Alloy merge on the CPU, as the tool ``alloy@cpu`` with its own floor, and prints max |device - reference| per method:
+the GPU's speed and its bits against the CPU path, on the same machine and inputs. The table ends with each
+method's ratios to the floor and to mergekit.
 
 The default size runs in about two minutes on 2 shared vCPUs; the issue's size is ``--hidden 2048
 --intermediate 5632 --layers 4 --vocab 32000`` (1.34 GB per model).
@@ -267,6 +270,9 @@ def main() -> None:
     parser.add_argument("--keep-models", action="store_true")
     parser.add_argument("--device", default="cpu", help="alloy merge --device (cpu, cuda): the same code path")
     parser.add_argument(
+        "--reference-device", help="also run Alloy on this device (cpu) and compare the outputs with --device's"
+    )
+    parser.add_argument(
         "--check-estimates", action="store_true", help="compare each Alloy run with its dry run's estimates"
     )
     args = parser.parse_args()
@@ -293,27 +299,34 @@ def main() -> None:
     floors: dict[tuple[str, str], Usage] = {}
     summary: dict[str, dict[str, float]] = {}
     misses = 0
+    reference = f"alloy@{args.reference_device}" if args.reference_device else None
+    devices = {"alloy": args.device} | ({reference: args.reference_device} if reference else {})
+    tools = [*devices, *(["mergekit"] if python else [])]
     for method in args.methods.split(","):
         scope = METHODS[method][0]
-        for tool in ("alloy", "mergekit") if python else ("alloy",):
+        for tool in tools:
             if (scope, tool) not in floors:
                 floor_config = args.root / f"floor-{scope}.yml"
                 floor_yaml = recipe_yaml("task_arithmetic", folders if scope == "all" else folders[:2])
                 floor_config.write_text(floor_yaml)
-                floors[(scope, tool)] = run_one(tool, python, floor_config, args.root, folders, args.device)
+                floors[(scope, tool)] = run_one(tool, python, floor_config, args.root, folders, devices.get(tool))
                 floor = floors[(scope, tool)]
                 print(row(f"floor:{scope}", tool, floor, floor), flush=True)
         config = args.root / f"{method}.yml"
         config.write_text(recipe_yaml(method, folders))
-        outputs = {}
-        for tool in ("alloy", "mergekit") if python else ("alloy",):
+        outputs: dict[str, Path] = {}
+        usages: dict[str, Usage] = {}
+        for tool in tools:
             out = args.root / f"out-{method}-{tool}"
             shutil.rmtree(out, ignore_errors=True)
             estimates = alloy_estimates(config) if tool == "alloy" and args.check_estimates else None
             warm_page_cache(folders)
-            usage = run_alloy(config, out, args.device) if tool == "alloy" else run_mergekit(python, config, out)
-            outputs[tool] = out
+            usage = run_alloy(config, out, devices[tool]) if tool in devices else run_mergekit(python, config, out)
+            outputs[tool], usages[tool] = out, usage
             note = ""
+            if tool == reference:  # the same per-tensor seeds: random methods too draw the same masks
+                summary[method]["wall/ref"] = usages["alloy"].wall_s / usage.wall_s
+                note = f"max|{args.device}-{args.reference_device}| {max_abs_diff(outputs['alloy'], out):.1e}"
             if estimates is not None:
                 note, ok = estimate_note(estimates, usage, out)
                 misses += not ok
@@ -321,7 +334,7 @@ def main() -> None:
                 floor = floors[(scope, tool)]
                 summary[method] = {"wall/TA": usage.wall_s / floor.wall_s, "cpu/TA": usage.cpu_s / floor.cpu_s}
             if tool == "mergekit":
-                alloy_usage = outputs["alloy_usage"]
+                alloy_usage = usages["alloy"]
                 summary[method] |= {
                     "wall/mk": alloy_usage.wall_s / usage.wall_s,
                     "cpu/mk": alloy_usage.cpu_s / usage.cpu_s,
@@ -333,13 +346,14 @@ def main() -> None:
                 )
                 if method not in RANDOM:
                     note += f", max|alloy-mergekit| {max_abs_diff(outputs['alloy'], out):.1e}"
-            outputs["alloy_usage" if tool == "alloy" else "mergekit_usage"] = usage
             print(row(method, tool, usage, floors[(scope, tool)], note), flush=True)
-        for key in ("alloy", "mergekit"):
-            if key in outputs:
-                shutil.rmtree(outputs[key], ignore_errors=True)
-    print("\nAlloy ratios (TA: Alloy's task-arithmetic floor; mk: mergekit on the same recipe)")
-    columns = ("wall/TA", "cpu/TA", "wall/mk", "cpu/mk", "RSS/mk")
+        for tool in tools:
+            shutil.rmtree(outputs[tool], ignore_errors=True)
+    print(
+        "\nAlloy ratios (TA: Alloy's task-arithmetic floor; mk: mergekit on the same recipe; "
+        "ref: Alloy on --reference-device)"
+    )
+    columns = ("wall/TA", "cpu/TA", "wall/mk", "cpu/mk", "RSS/mk", "wall/ref")
     print(f"{'method':17s}" + "".join(f"{c:>9s}" for c in columns))
     for method, ratios in summary.items():
         print(f"{method:17s}" + "".join(f"{ratios[c]:9.2f}" if c in ratios else f"{'-':>9s}" for c in columns))
@@ -351,13 +365,12 @@ def main() -> None:
         shutil.rmtree(args.root, ignore_errors=True)
 
 
-def run_one(
-    tool: str, python: Path | None, config: Path, root: Path, folders: list[Path], device: str = "cpu"
-) -> Usage:
+def run_one(tool: str, python: Path | None, config: Path, root: Path, folders: list[Path], device: str | None) -> Usage:
+    """One floor run: Alloy on ``device``, or mergekit when ``device`` is None."""
     out = root / f"out-floor-{tool}"
     shutil.rmtree(out, ignore_errors=True)
     warm_page_cache(folders)
-    usage = run_alloy(config, out, device) if tool == "alloy" else run_mergekit(python, config, out)
+    usage = run_alloy(config, out, device) if device is not None else run_mergekit(python, config, out)
     shutil.rmtree(out, ignore_errors=True)
     return usage
 
