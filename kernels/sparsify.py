@@ -13,7 +13,12 @@ from kernels import selection
 from kernels.errors import InvalidParameterError
 from kernels.reductions import stable_abs_sum
 
-RANDOM_CHUNK = 1 << 24  # elements of uniform noise drawn at a time; fixed so the draw sequence never changes
+# Elements of uniform noise per ``torch.rand`` call. Entry i of a tensor gets the i-th draw of its generator
+# whatever this is: torch's CPU generator yields one number per element in order, so calls of any sizes give the
+# same sequence (pinned by tests/unit/test_kernels_random_stream.py against the 2**24-element calls every mask was
+# drawn with before). WHY this size: the draws and their keep-test temporaries cost 2 x 4 bytes x this per merge
+# thread (2**24 was 128 MB, more than one 24M-entry embedding delta), and 2**20 calls cost nothing measurable.
+RANDOM_CHUNK = 1 << 20
 
 
 def keep_count(density: float, numel: int) -> int:
