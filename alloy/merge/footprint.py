@@ -37,10 +37,11 @@ WORK_FACTOR = {
     "ties": 0.5,
     "breadcrumbs": 0.75,
     "breadcrumbs_ties": 0.75,
-    "dare_linear": 1.5,
-    "dare_ties": 1.5,
-    "della": 1.0,  # ranks, draws and masks a block of rows at a time (kernels.sparsify)
-    "della_linear": 1.0,
+    "dare_linear": 0.5,  # draws a megabyte of noise at a time (kernels.sparsify.RANDOM_CHUNK)
+    "dare_ties": 0.5,
+    "della": 0.5,  # ranks, draws and masks a block of rows at a time (kernels.sparsify)
+    "della_linear": 0.5,
+    "sce": 1.5,  # the variance whole (its top-k), a byte-per-entry mask; the rest by pieces (kernels.sce)
 }
 DEFAULT_WORK_FACTOR = 4.0
 # Scratch of a kernel's whole-tensor sums, per element of at most one chunk (kernels.reductions.CHUNK) of its
