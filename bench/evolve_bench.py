@@ -511,6 +511,11 @@ def print_report(args, models: Models, runs, rows, grid, own, bare_s: float) -> 
             f"| evolved, {kind} ({len(mine)} seeds) | {spread([row['test'] for row in mine], unit)} | "
             f"{spread(norms) if norms else '-'} | {count:.0f} | {wall:.0f} | {rate:.1f} |"
         )
+    if own:  # the reference of "normalized", and for accuracy the ceiling a merge is measured against
+        print(
+            f"| each dataset's own fine-tune (one model per dataset, not a merge) | "
+            f"{unit * statistics.fmean(own.values()):.{2 if unit == 1 else 1}f} | 100.0 | - | - | - |"
+        )
     scores = result["test"]["per_dataset"]
     for model_id in [*models.space.models, models.space.base_model]:
         per = {d: v for d, v in scores[model_id].items() if not d.startswith("mean_")}
