@@ -191,7 +191,8 @@ def estimate_note(estimates: dict, usage: Usage, out: Path) -> tuple[str, bool]:
     ok = all(0.75 <= r <= 1.25 for r in (memory, disk, wall))
     cpu = estimates["cpu_seconds"] / usage.cpu_s
     return (
-        f"est/measured RSS {memory:.2f} disk {disk:.2f} wall {wall:.2f} (CPU {cpu:.2f}){'' if ok else ' OUTSIDE 25%'}",
+        f"est/measured RSS {memory:.2f} disk {disk:.2f} wall {wall:.2f} (CPU {cpu:.2f}; machine slowness "
+        f"{estimates['machine_slowness']:.2f}){'' if ok else ' OUTSIDE 25%'}",
         ok,
     )
 

@@ -17,6 +17,7 @@ from alloy.errors import AlloyError, ErrorCode
 from alloy.merge.footprint import machine, replay_schedule
 from alloy.merge.plan import MergePlan, count_layers
 from alloy.merge.recipe import MergeRecipe
+from alloy.merge.speed import slowness
 from alloy.merge.tensor_io import shard_name, split_into_shards
 from alloy.merge.tensor_merge import resolve_task_parameters
 from alloy.model_manifest import ModelManifest
@@ -48,6 +49,10 @@ class DryRunEstimates(BaseModel):
     cpu_seconds: float
     memory_budget_bytes: int = Field(description="working bytes the executor lets be in flight")
     largest_tensor_bytes: int = Field(description="working bytes of the largest task (runs alone when over budget)")
+    machine_slowness: float = Field(
+        description="this machine's CPU seconds per second of the machine the time constants were calibrated on "
+        "(a probe of merge arithmetic, alloy.merge.speed); the time estimates are scaled by it"
+    )
     basis: str = Field(description="where the figures come from")
 
 
@@ -116,6 +121,7 @@ def dry_run(
         budget_bytes=budget_bytes,
         cpus=cpus if cpus is not None else machine()[0],
         load=load if load is not None else machine()[1],
+        slowness=slowness(),
     )
     disk = sum(s.bytes for s in shards)
     return DryRunReport(
@@ -139,8 +145,9 @@ def dry_run(
             cpu_seconds=round(schedule.cpu_s, 2),
             memory_budget_bytes=budget_bytes,
             largest_tensor_bytes=schedule.largest_task_bytes,
+            machine_slowness=round(slowness(), 3),
             basis="the executor's schedule replayed with calibrated kernel throughput (alloy.merge.footprint), "
-            "on this machine's cores at its present load",
+            "scaled by this machine's measured slowness, on its cores at its present load",
         ),
     )
 

@@ -5,9 +5,8 @@ reports. One model for both, so that what the dry run promises is what the execu
 The constants are calibrated, not derived: ``bench/merge_bench.py --check-estimates`` runs real merges and prints
 estimate / measured for each method; refit them there when a kernel changes. Calibrated on 2 shared vCPUs
 (x86-64, torch CPU), fp32 inputs, one torch thread per merge thread (``alloy merge --threads``' default there).
-The CPU constants are this machine kind's: two VMs of the same kind ran the same merges 2.2x apart (the earlier
-calibration's TIES took 11.2 CPU s, the present one's 4.6), so on other hardware the wall and CPU estimates scale
-by its speed, while the memory and disk estimates do not.
+The time constants are that machine's; on another the dry run scales them by its measured slowness
+(:mod:`alloy.merge.speed`: two VMs of the same kind ran the same merges 2.2x apart). Memory and disk do not scale.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from alloy.merge.plan import MergePlan, TensorTask
 from kernels import reductions
 
 # Resident bytes of a merge process before its first tensor: the interpreter, torch and Alloy's imports.
-BASE_RSS_BYTES = 300 * 1024**2
+BASE_RSS_BYTES = 250 * 1024**2  # a merge of tiny models peaked at 0.25-0.26 GB (bench/merge_bench.py, 2026-11-27)
 # Float32 temporaries a kernel holds at once beyond its inputs, in units of the output tensor: the peak of a
 # merge whose largest tensor runs alone, less the base, over that tensor's float32 bytes, less the inputs. The
 # executor hands kernels the inputs it read (``owned``), which most kernels reuse for their results.
@@ -49,23 +48,24 @@ DEFAULT_WORK_FACTOR = 4.0
 # products at once.
 SCRATCH_BYTES_PER_ELEMENT = {"slerp": 5 * 8}
 # CPU nanoseconds per input element (one element of one input), reading and writing included; calibrated on
-# bench/merge_bench.py on a quiet 2-vCPU machine (the wall estimate stretches them for the load it sees).
+# bench/merge_bench.py on a quiet 2-vCPU machine, the one whose probe time is alloy.merge.speed.CALIBRATION_PROBE_S
+# (the wall estimate stretches them for the load it sees).
 NS_PER_INPUT_ELEMENT = {
-    "linear": 4.1,
-    "task_arithmetic": 4.1,
-    "passthrough": 1.0,
-    "slerp": 10.9,
-    "ties": 7.5,
-    "breadcrumbs": 9.8,
-    "breadcrumbs_ties": 9.8,
-    "dare_linear": 10.8,
-    "dare_ties": 11.2,
-    "della": 19.9,
-    "della_linear": 19.9,
-    "sce": 18.6,
+    "linear": 5.5,
+    "task_arithmetic": 5.5,
+    "passthrough": 2.0,
+    "slerp": 23.6,
+    "ties": 18.0,
+    "breadcrumbs": 28.7,
+    "breadcrumbs_ties": 28.7,
+    "dare_linear": 24.0,
+    "dare_ties": 24.8,
+    "della": 45.6,
+    "della_linear": 45.6,
+    "sce": 24.4,
 }
-DEFAULT_NS_PER_INPUT_ELEMENT = 20.0
-STARTUP_S = 1.55  # interpreter, imports, manifests, plan (wall and CPU alike)
+DEFAULT_NS_PER_INPUT_ELEMENT = 40.0
+STARTUP_S = 2.9  # interpreter, imports, manifests, plan (wall and CPU alike)
 
 
 def task_numel(task: TensorTask) -> int:
@@ -112,11 +112,13 @@ def replay_schedule(
     budget_bytes: int,
     cpus: int,
     load: float = 0.0,
+    slowness: float = 1.0,
 ) -> ScheduleEstimate:
     """Replay the executor's admission rule (plan order; at most ``max_in_flight`` tasks and ``budget_bytes``
     working bytes in flight; one task over the budget runs alone) on ``min(workers, cpus)`` lanes, then stretch
     the time by the share of the ``cpus`` cores the merge gets beside ``load`` other runnable threads (the
-    scheduler's fair share: ``cpus * k / (load + k)`` cores for ``k`` threads, once the cores are oversubscribed)."""
+    scheduler's fair share: ``cpus * k / (load + k)`` cores for ``k`` threads, once the cores are oversubscribed).
+    ``slowness``: this machine's CPU seconds per second of the calibration machine (:mod:`alloy.merge.speed`)."""
     lanes = max(1, min(workers, max_in_flight, cpus))
     running: list[tuple[float, int, int]] = []  # (finish time, order, working bytes)
     now = used = peak = 0.0
@@ -126,7 +128,7 @@ def replay_schedule(
         while running and (len(running) >= lanes or used + cost > budget_bytes):
             now, _, freed = heapq.heappop(running)
             used -= freed
-        seconds = compute_seconds(plan, task)
+        seconds = compute_seconds(plan, task) * slowness
         cpu += seconds
         heapq.heappush(running, (now + seconds, order, cost))
         used += cost
@@ -135,8 +137,9 @@ def replay_schedule(
     end = max((finish for finish, _, _ in running), default=now)
     end = max(end, cpu / lanes)  # a lane finishing early does not give the others its core
     largest = max((working_bytes(plan, t) for t in tasks), default=0)
-    wall = STARTUP_S / cpu_share(1, cpus, load) + end * lanes / cpu_share(lanes, cpus, load)
-    return ScheduleEstimate(int(BASE_RSS_BYTES + peak), wall, STARTUP_S + cpu, largest)
+    startup = STARTUP_S * slowness
+    wall = startup / cpu_share(1, cpus, load) + end * lanes / cpu_share(lanes, cpus, load)
+    return ScheduleEstimate(int(BASE_RSS_BYTES + peak), wall, startup + cpu, largest)
 
 
 def cpu_share(threads: int, cpus: int, load: float) -> float:

@@ -102,3 +102,35 @@ def test_cli_dry_run_prints_the_plan_and_writes_nothing(family, tmp_path):
     assert text.exit_code == 0 and "estimates: peak memory" in text.output
     missing = CliRunner().invoke(merge, [str(recipe_file)])
     assert missing.exit_code != 0 and "OUT_DIR is required" in missing.output
+
+
+def test_time_estimates_scale_with_the_machines_slowness_and_memory_does_not(family):
+    base, tunes = family
+    recipe = ties_recipe(base, tunes)
+    plan = prepare(recipe, manifests_of(recipe))
+    limits = {"workers": 2, "max_in_flight": 4, "budget_bytes": 10**12, "cpus": 2}
+    here = replay_schedule(plan, plan.tasks, **limits)
+    twice = replay_schedule(plan, plan.tasks, **limits, slowness=2.0)
+    assert twice.cpu_s == pytest.approx(2 * here.cpu_s) and twice.wall_s == pytest.approx(2 * here.wall_s)
+    assert twice.peak_bytes == here.peak_bytes
+
+
+def test_the_speed_probe_runs_on_the_calling_thread_and_is_measured_once(monkeypatch):
+    from alloy.merge import speed
+
+    calls = []
+    monkeypatch.setattr(speed, "probe_seconds", lambda: calls.append(1) or 2 * speed.CALIBRATION_PROBE_S)
+    speed.slowness.cache_clear()
+    try:
+        assert speed.slowness() == speed.slowness() == pytest.approx(2.0) and calls == [1]
+    finally:
+        speed.slowness.cache_clear()
+    measured = speed.probe_seconds()
+    assert 0 < measured < 50 * speed.CALIBRATION_PROBE_S  # thread CPU seconds of a 2M-element pass, not a hang
+
+
+def test_the_report_gives_the_slowness_its_times_were_scaled_by(family):
+    base, tunes = family
+    recipe = ties_recipe(base, tunes)
+    report = dry_run(recipe, manifests_of(recipe), **LIMITS)
+    assert report.estimates.machine_slowness > 0
