@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--kind",
         action="append",
-        choices=("pbt", "cmaes", "random", "nsga2"),
+        choices=("pbt", "cmaes", "tpe", "random", "nsga2"),
         default=None,
         help="search.kind; repeat to compare kinds (default: the config's)",
     )

@@ -19,9 +19,11 @@ from alloy.jobs.merge_request import SplitName
 from evolution.dataflow import DataFlowGenome
 from evolution.genome import Bounds, FrankenGenome
 
-# pbt: population-based training; cmaes: CMA-ES; random: uniform random search over the same genome and budget
-# (the baseline); nsga2: NSGA-II over the per-dataset dev scores (multi-objective: the result has a Pareto front).
-SearchKind = Literal["pbt", "cmaes", "random", "nsga2"]
+# pbt: population-based training; cmaes: CMA-ES; tpe: multivariate TPE (a Parzen-estimator model of the good and the
+# bad genomes, gene by gene jointly, so the operator gene and its lambda are learnt together); random: uniform random
+# search over the same genome and budget (the baseline); nsga2: NSGA-II over the per-dataset dev scores
+# (multi-objective: the result has a Pareto front).
+SearchKind = Literal["pbt", "cmaes", "tpe", "random", "nsga2"]
 # fixed: every candidate is scored once, on its generation's dev batch (``dev_batch_size``; null: the whole dev
 # split). asha: successive halving on nested seeded dev subsets (evolution.racing): a candidate is scored on the
 # smallest subset and goes on to the next (``reduction_factor`` times larger) only while it is in the top

@@ -1,5 +1,6 @@
-"""The searches an Optuna sampler drives behind Ray Tune's ``OptunaSearch``: CMA-ES, random search (the baseline
-with the same genome and candidate budget) and NSGA-II (multi-objective: one objective per fitness dataset).
+"""The searches an Optuna sampler drives behind Ray Tune's ``OptunaSearch``: CMA-ES, multivariate TPE, random search
+(the baseline with the same genome and candidate budget) and NSGA-II (multi-objective: one objective per fitness
+dataset).
 
 Each runs ``population x generations`` candidates, a generation at a time: a "generation" is ``population``
 consecutive suggestions (config ``ordinal``), scored on the same rotating dev batch, and the next generation is
@@ -21,7 +22,7 @@ from evolution.racing import Racing, racing_of
 from evolution.scoring import FitnessLedger
 from evolution.trainable import CACHED_KEY, GENOME_KEY, ORDINAL_KEY, RUNG_CUTOFFS_KEY
 
-OPTUNA_KINDS = frozenset({"cmaes", "random", "nsga2"})
+OPTUNA_KINDS = frozenset({"cmaes", "tpe", "random", "nsga2"})
 
 
 class OrdinalLimiter(ConcurrencyLimiter):
@@ -76,6 +77,18 @@ def _sampler(space: GenomeSpace, settings: SearchSettings, x0: dict[str, float] 
             popsize=settings.population,
             seed=settings.seed,
             n_startup_trials=0,
+            warn_independent_sampling=False,
+        )
+    if settings.kind == "tpe":
+        # WHY multivariate: a merge method and its lambda are good together or not at all (TSV-M wants lambda ~2,
+        # task arithmetic ~0.8), which independent per-gene densities cannot express. The first generation is
+        # random (the startup trials); a generation is asked at once, so the trials in flight are given the worst
+        # score seen (constant liar) and the sampler does not ask for the same point population times.
+        return optuna.samplers.TPESampler(
+            seed=settings.seed,
+            n_startup_trials=settings.population,
+            multivariate=True,
+            constant_liar=True,
             warn_independent_sampling=False,
         )
     if settings.kind == "random":

@@ -83,12 +83,13 @@ def fingerprint(candidates):
     return sorted((c.generation, json.dumps(c.genome, sort_keys=True), c.fitness) for c in candidates)
 
 
-# The operator (merge method) gene rides along with the two kinds that step it differently (PBT's categorical
-# perturbation, NSGA-II's crossover): one pair of runs per kind keeps this module's Tune runs to eight.
-OPERATORS = {"pbt": ["task_arithmetic", "ties", "tsv", "iso_c"], "nsga2": ["task_arithmetic", "ties", "tsv", "iso_c"]}
+# The operator (merge method) gene rides along with the kinds that step it differently (PBT's categorical
+# perturbation, TPE's joint density, NSGA-II's crossover): one pair of runs per kind keeps this module's Tune runs
+# to ten.
+OPERATORS = dict.fromkeys(("pbt", "tpe", "nsga2"), ["task_arithmetic", "ties", "tsv", "iso_c"])
 
 
-@pytest.mark.parametrize("kind", ["pbt", "cmaes", "random", "nsga2"])
+@pytest.mark.parametrize("kind", ["pbt", "cmaes", "tpe", "random", "nsga2"])
 def test_one_seed_gives_the_same_distinct_candidates_twice(ray_cluster, tiny_inputs, tmp_path, kind):
     from evolution.scoring import genome_key
 

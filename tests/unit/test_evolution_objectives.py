@@ -73,6 +73,7 @@ def test_a_repeat_reports_the_objectives_the_genome_scored():
         ("nsga2", "NSGAIISampler", ["objective_0", "objective_1", "objective_2"]),
         ("random", "RandomSampler", "fitness"),
         ("cmaes", "CmaEsSampler", "fitness"),
+        ("tpe", "TPESampler", "fitness"),
     ],
 )
 def test_each_optuna_kind_asks_a_generation_at_a_time_with_its_sampler(kind, sampler, metric):
