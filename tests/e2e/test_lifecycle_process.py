@@ -215,7 +215,10 @@ def test_kill_9_of_the_whole_cluster_during_a_merge_then_restart_completes_it(op
         ("replay interrupted jobs", "ok"),
     ]
     assert start.steps[3].detail.startswith("1 interrupted jobs")
-    assert start.steps[-1].detail.startswith("1 jobs replayed")
+    # The requeued job is dispatched once: by the replay step, or, when the machine is slow enough that an engine's
+    # lost-job sweeper runs between the pools' start and the replay step (seen under load), by that sweeper; the
+    # replay step then finds it claimed and leaves it. Either way it must complete as attempt 1 (below).
+    assert start.steps[-1].detail.startswith(("1 jobs replayed", "0 jobs replayed, 0 failed"))
 
     assert operator.wait_job(job_id, {JobState.COMPLETED, JobState.FAILED}, poll_s=0.5) is JobState.COMPLETED
     job = jobs.get(job_id)
