@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.merge.footprint import machine, replay_schedule
+from alloy.merge.footprint import present_load, replay_schedule, usable_cores
 from alloy.merge.plan import MergePlan, count_layers
 from alloy.merge.recipe import MergeRecipe
 from alloy.merge.speed import slowness
@@ -113,15 +113,16 @@ def dry_run(
         ShardPlanView(file=shard_name(n, len(layout)), tensors=len(members), bytes=sum(t.nbytes for t in members))
         for n, members in enumerate(layout, start=1)
     ]
+    speed = slowness()
     schedule = replay_schedule(
         plan,
         plan.tasks,
         workers=workers,
         max_in_flight=max_in_flight,
         budget_bytes=budget_bytes,
-        cpus=cpus if cpus is not None else machine()[0],
-        load=load if load is not None else machine()[1],
-        slowness=slowness(),
+        cpus=cpus if cpus is not None else usable_cores(),
+        load=load if load is not None else present_load(),  # sampled once: 0.4 s of readings
+        slowness=speed,
     )
     disk = sum(s.bytes for s in shards)
     return DryRunReport(
@@ -145,7 +146,7 @@ def dry_run(
             cpu_seconds=round(schedule.cpu_s, 2),
             memory_budget_bytes=budget_bytes,
             largest_tensor_bytes=schedule.largest_task_bytes,
-            machine_slowness=round(slowness(), 3),
+            machine_slowness=round(speed, 3),
             basis="the executor's schedule replayed with calibrated kernel throughput (alloy.merge.footprint), "
             "scaled by this machine's measured slowness, on its cores at its present load",
         ),

@@ -154,11 +154,6 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def machine() -> tuple[int, float]:
-    """This process's cores (its affinity) and the other threads competing for them now."""
-    return usable_cores(), present_load()
-
-
 def present_load(samples: int = 5, interval_s: float = 0.1) -> float:
     """Runnable threads other than this one, the median of a few instant readings of /proc/loadavg's running
     count. Not the load average: a minute's average still counts the work that has just ended (a previous merge),
