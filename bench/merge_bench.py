@@ -3,7 +3,7 @@
     python -m bench.merge_bench [--hidden 768 --intermediate 2048 --layers 4 --vocab 16000] [--tunes 3]
                                 [--shard-mb 200] [--methods ties,dare_ties,slerp,della,breadcrumbs_ties]
                                 [--mergekit /work/mkvenv/bin/python] [--no-mergekit] [--root DIR] [--keep-models]
-                                [--device cpu|cuda] [--reference-device cpu] [--check-estimates]
+                                [--device cpu|cuda] [--reference-device cpu] [--check-estimates] [--pairs 3]
 
 Builds (offline, with a fixed seed) a base and ``--tunes`` "fine-tunes" (base + small noise) as sharded fp32
 Llama-style checkpoints. Every method is written once as a mergekit YAML recipe, and the very same file is run by
@@ -19,6 +19,8 @@ methods are also compared tensor by tensor with mergekit's output (max |alloy - 
 for peak RSS, disk and wall time (the issue's bar: within 25%). ``--device cuda`` runs Alloy's merges (floor
 included) on the GPU through the same code path; the estimates are calibrated for the CPU. mergekit is found at
 ``--mergekit`` or ``$ALLOY_MERGEKIT_PYTHON``; ``tsv`` and ``iso_cts`` (Alloy only) run without it.
+``--pairs N`` takes Alloy's ratios to its floor as the median of N adjacent floor-then-method runs (a shared VM's
+speed drifts over minutes; the table's single floor puts that drift into every ratio).
 ``--reference-device cpu`` (with ``--device cuda``) also runs every Alloy merge on the CPU, as the tool ``alloy@cpu``
 with its own floor, and prints max |device - reference| per method: the GPU's speed and its bits against the CPU
 path, on the same machine and inputs. The table ends with each method's ratios to the floor and to mergekit.
@@ -33,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -279,6 +282,12 @@ def main() -> None:
     parser.add_argument(
         "--check-estimates", action="store_true", help="compare each Alloy run with its dry run's estimates"
     )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=1,
+        help="Alloy's ratios to its floor as the median of this many adjacent floor-then-method pairs",
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -337,6 +346,10 @@ def main() -> None:
             if tool == "alloy":
                 floor = floors[(scope, tool)]
                 summary[method] = {"wall/TA": usage.wall_s / floor.wall_s, "cpu/TA": usage.cpu_s / floor.cpu_s}
+                if args.pairs > 1:
+                    pairs = floor_pairs(args, scope, config, folders, usage, floor)
+                    summary[method] |= {key: statistics.median(values) for key, values in pairs.items()}
+                    note = "; ".join(part for part in (note, pairs_note(pairs)) if part)
             if tool == "mergekit":
                 alloy_usage = usages["alloy"]
                 summary[method] |= {
@@ -367,6 +380,30 @@ def main() -> None:
     print(f"done in {time.perf_counter() - started:.0f}s; load at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if not args.keep_models:
         shutil.rmtree(args.root, ignore_errors=True)
+
+
+def floor_pairs(args, scope: str, config: Path, folders: list[Path], usage: Usage, floor: Usage) -> dict:
+    """Alloy's ratios to its floor over ``--pairs`` adjacent floor-then-method runs, the first the table's own.
+    WHY: a shared VM's speed drifts by tens of percent over minutes (the floor measured 3.6 and 4.9 s on one VM
+    within the hour), and a floor run once for all the methods puts that drift into every ratio."""
+    walls, cpus = [usage.wall_s / floor.wall_s], [usage.cpu_s / floor.cpu_s]
+    out = args.root / "out-pair"
+    for _ in range(args.pairs - 1):
+        again_floor = run_one("alloy", None, args.root / f"floor-{scope}.yml", args.root, folders, args.device)
+        shutil.rmtree(out, ignore_errors=True)
+        warm_page_cache(folders)
+        again = run_alloy(config, out, args.device)
+        shutil.rmtree(out, ignore_errors=True)
+        walls.append(again.wall_s / again_floor.wall_s)
+        cpus.append(again.cpu_s / again_floor.cpu_s)
+    return {"wall/TA": walls, "cpu/TA": cpus}
+
+
+def pairs_note(pairs: dict) -> str:
+    return f"{len(pairs['wall/TA'])} adjacent pairs: " + ", ".join(
+        f"{key} median {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+        for key, values in pairs.items()
+    )
 
 
 def run_one(tool: str, python: Path | None, config: Path, root: Path, folders: list[Path], device: str | None) -> Usage:
