@@ -22,5 +22,5 @@ INGRESS = "Ingress"
 ENGINES = (MERGE_ENGINE, EVALUATION_ENGINE, EVOLUTION_ENGINE)
 # Every component behind the ingress (what a cold start health-checks).
 BACKENDS = (MODEL_REGISTRY, DATASET_REGISTRY, EXPERIMENT_TRACKER, ARTIFACT_STORE, *ENGINES)
-# The engine that runs each job kind (keys are the values of alloy.jobs.store.JobKind).
+# The engine that runs each job kind (keys are the values of alloy.jobs.records.JobKind).
 ENGINE_OF_KIND = {"merge": MERGE_ENGINE, "evaluation": EVALUATION_ENGINE, "evolution": EVOLUTION_ENGINE}

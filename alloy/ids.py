@@ -101,6 +101,7 @@ ModelReference = Annotated[
 # (NUL included). They reach logs, file-system calls and database columns (PostgreSQL refuses NUL in text), so
 # they are refused at the boundary (422 VALIDATION_FAILED), and the OpenAPI document says so with this pattern.
 NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f]*$"
+SPLIT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a dataset split's name: "train", "dev", "test-2"
 MAX_TEXT_LENGTH = 200
 MAX_PATH_LENGTH = 1024  # a client's part of a path; the root it is resolved under must fit in PATH_MAX with it
 MAX_PATH_BYTES = 4095  # PATH_MAX less the NUL

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from alloy.jobs.store import JobEvent, JobRecord, JobStore
+from alloy.jobs.records import JobEvent, JobRecord
+from alloy.jobs.store import JobStore
 
 # Progress keys that change without anything happening to the job (the liveness heartbeat, internal flags).
 QUIET_PROGRESS_KEYS = frozenset({"heartbeat_at", "cancel_requested"})

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from alloy.evaluation.results import EvalResult
 from alloy.ids import MAX_PATH_LENGTH, NO_CONTROL_CHARACTERS, ResourceId, ShortText, SourcePath
 from alloy.jobs.merge_request import EvaluateSpec, MergeRequest, SplitName  # noqa: F401 - re-exported
-from alloy.jobs.store import JOB_ID_PATTERN, JobEvent, JobKind, JobRecord, JobState  # noqa: F401 - re-exported
+from alloy.jobs.records import JOB_ID_PATTERN, JobEvent, JobKind, JobRecord, JobState  # noqa: F401 - re-exported
 from alloy.merge.dry_run import DryRunReport  # noqa: F401 - re-exported
 
 T = TypeVar("T")

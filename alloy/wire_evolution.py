@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from alloy.ids import MAX_PATH_LENGTH, ResourceId
-from alloy.jobs.store import JobState
+from alloy.jobs.records import JobState
 from alloy.wire import JobErrorView, ModelView
 
 

@@ -92,7 +92,8 @@ def main() -> None:
     from alloy.control.ports import pick_port_block
     from alloy.control.ray_head import start_ray_head, stop_ray_head
     from alloy.control.serve_deploy import deploy_serve_config, load_serve_config, wait_http_ready
-    from alloy.jobs.store import JobKind, JobStore
+    from alloy.jobs.records import JobKind
+    from alloy.jobs.store import JobStore
     from alloy.storage.db import Database
     from alloy.storage.keys import ApiKeyStore
 

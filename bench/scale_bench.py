@@ -210,7 +210,8 @@ def main() -> None:
 
     from alloy.config import load_settings
     from alloy.jobs.merge_request import MergeRequest
-    from alloy.jobs.store import JobKind, JobStore
+    from alloy.jobs.records import JobKind
+    from alloy.jobs.store import JobStore
     from alloy.registry.models import ModelRegistry
     from alloy.storage.artifacts import ArtifactStore
     from alloy.storage.db import Database

@@ -18,8 +18,9 @@ from typing import Any
 from alloy.config import Settings
 from alloy.errors import AlloyError, ErrorCode, not_found
 from alloy.jobs.liveness import DEFAULT_HEARTBEAT_S
+from alloy.jobs.records import JobKind, JobRecord, JobState
 from alloy.jobs.skeleton import JobRun, JobRunner
-from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.jobs.store import JobStore
 from alloy.registry.datasets import DatasetRegistry
 from alloy.registry.models import ModelRegistry
 from alloy.storage.artifacts import ArtifactStore

@@ -20,7 +20,7 @@ import ray
 
 from alloy.config import load_settings
 from alloy.jobs.liveness import silent_for_s
-from alloy.jobs.store import JobKind, JobState
+from alloy.jobs.records import JobKind, JobState
 from evolution.config import load_spec_file
 from evolution.engine import EvolutionService
 

@@ -20,8 +20,8 @@ from fastapi.responses import StreamingResponse
 from alloy import components as c
 from alloy.errors import AlloyError, ErrorCode, not_found
 from alloy.ids import ResourceId
-from alloy.jobs.merge_request import check_merge_inputs, create_merge_job
-from alloy.jobs.store import JobKind, JobState
+from alloy.jobs.merge_admission import check_merge_inputs, create_merge_job
+from alloy.jobs.records import JobKind, JobState
 from alloy.storage.keys import ApiKeyStore
 from alloy.wire import ArtifactKey, ArtifactPrefix, ExperimentId, JobId
 from deployments._calls import call

@@ -21,7 +21,8 @@ from fastapi import Request
 
 from alloy.config import ConfigHolder
 from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs.store import Guard, JobKind, JobRecord
+from alloy.jobs.records import JobKind, JobRecord
+from alloy.jobs.store import Guard
 
 
 @dataclass

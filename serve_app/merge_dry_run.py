@@ -9,7 +9,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from alloy.jobs.merge_request import MergeRequest, output_taken
+from alloy.jobs.merge_admission import output_taken
+from alloy.jobs.merge_request import MergeRequest
 from alloy.merge.dry_run import DryRunReport, dry_run
 from alloy.merge.executor import DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_WORKERS
 from alloy.merge.recipe import MergeRecipe

@@ -21,7 +21,7 @@ from prometheus_client import (
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from alloy.cluster.state import state_metric_values
-from alloy.jobs.store import JobState
+from alloy.jobs.records import JobState
 
 
 class ApiMetrics:

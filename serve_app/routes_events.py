@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from alloy.job_stream import JobFollower, follow
-from alloy.jobs.store import JobEvent
+from alloy.jobs.records import JobEvent
 from alloy.wire import JobId, JobView
 from serve_app.context import api_context
 from serve_app.errors import error_responses

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from alloy import components as c
 from alloy.errors import not_found
-from alloy.jobs.store import JobKind, JobRecord
+from alloy.jobs.records import JobKind, JobRecord
 from alloy.storage.tracker import ExperimentTracker
 from alloy.wire import JobId
 from alloy.wire_evolution import EvolutionView, PromoteRequest, PromotionView

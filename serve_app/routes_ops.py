@@ -16,7 +16,8 @@ from alloy import components as c
 from alloy.cluster.state import ClusterStateStore
 from alloy.control.nodes import drain_ray_node
 from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs.store import JobKind, JobState, JobStore
+from alloy.jobs.records import JobKind, JobState
+from alloy.jobs.store import JobStore
 from deployments._calls import call
 from serve_app import schemas as s
 from serve_app.context import ApiContext, api_context

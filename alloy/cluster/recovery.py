@@ -37,7 +37,8 @@ from sqlalchemy import select
 from alloy.cluster.state import ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.liveness import requeue_lost
-from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.jobs.records import JobKind, JobRecord, JobState
+from alloy.jobs.store import JobStore
 from alloy.registry.models import ModelRegistry
 from alloy.storage.artifact_catalog import ArtifactCatalog
 from alloy.storage.artifacts import DIR_MANIFEST, PENDING_MARKER, STAGING, ArtifactStore

@@ -27,7 +27,8 @@ from pydantic import BaseModel, Field
 
 from alloy.cluster.startup import Step, run_timed
 from alloy.cluster.state import ClusterState, ClusterStateStore, LifecycleRun, StepLogEntry
-from alloy.jobs.store import JobKind, JobStore
+from alloy.jobs.records import JobKind
+from alloy.jobs.store import JobStore
 from alloy.storage.db.types import utcnow
 
 logger = logging.getLogger("alloy.lifecycle")

@@ -27,7 +27,8 @@ from alloy.components import APP_NAME, BACKENDS, ENGINE_OF_KIND, ENGINES, EXPERI
 from alloy.control.serve_deploy import wait_http_ready
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.liveness import requeue_lost
-from alloy.jobs.store import JobKind, JobRecord, JobStore
+from alloy.jobs.records import JobKind, JobRecord
+from alloy.jobs.store import JobStore
 
 POOL_DEPLOYMENTS = ENGINES
 

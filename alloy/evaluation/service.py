@@ -23,8 +23,9 @@ from alloy.evaluation.loaded_model_cache import LoadedModelCache
 from alloy.evaluation.loading import LoadedModel, load_model
 from alloy.evaluation.results import EvalResult
 from alloy.jobs.liveness import DEFAULT_HEARTBEAT_S
+from alloy.jobs.records import JobKind, JobRecord, JobState
 from alloy.jobs.skeleton import JobRun, JobRunner
-from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.jobs.store import JobStore
 from alloy.registry.datasets import DatasetRegistry
 from alloy.registry.models import ModelRegistry
 from alloy.storage.artifacts import ArtifactStore

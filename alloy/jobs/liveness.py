@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 
 from alloy.errors import AlloyError
-from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.jobs.records import JobKind, JobRecord, JobState
+from alloy.jobs.store import JobStore
 
 logger = logging.getLogger("alloy.jobs.liveness")
 

@@ -36,8 +36,8 @@ from alloy.config import MergeSettings
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.merge_request import MergeRequest
 from alloy.jobs.merge_runner import ProgressReporter
+from alloy.jobs.records import JobState
 from alloy.jobs.skeleton import JobInterrupted, JobRun
-from alloy.jobs.store import JobState
 from alloy.merge.executor import MergeProgress, prepare
 from alloy.merge.fanout import GroupProgress, GroupResult, GroupSpec, ShardLayout, shard_layout, split_groups
 from alloy.merge.output_files import copy_base_files, write_config, write_model_card, write_recipe_files

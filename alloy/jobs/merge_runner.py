@@ -28,8 +28,9 @@ from typing import Any
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.liveness import DEFAULT_HEARTBEAT_S
 from alloy.jobs.merge_request import MergeRequest
+from alloy.jobs.records import JobKind, JobRecord, JobState
 from alloy.jobs.skeleton import JobInterrupted, JobRun, JobRunner
-from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.jobs.store import JobStore
 from alloy.merge.executor import MergeProgress, MergeResult, check_compatibility, execute_merge
 from alloy.merge.lora import LoraSource
 from alloy.merge.recipe import MergeRecipe

@@ -44,7 +44,8 @@ from alloy.jobs.liveness import (
     OrphanSweeper,
     requeue_lost,
 )
-from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.jobs.records import JobKind, JobRecord, JobState
+from alloy.jobs.store import JobStore
 
 logger = logging.getLogger("alloy.jobs")
 

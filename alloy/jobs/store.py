@@ -10,59 +10,31 @@ from __future__ import annotations
 import builtins  # the store's own list() method shadows the name in annotations below it
 import logging
 import random
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime
-from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from alloy.errors import AlloyError, ErrorCode, not_found, public_message, validation_failed
+from alloy.jobs.records import (
+    JOB_ID_PATTERN,
+    LEGAL_MOVES,
+    NON_TERMINAL_STATES,
+    JobError,
+    JobEvent,
+    JobKind,
+    JobRecord,
+    JobState,
+)
 from alloy.storage.db import Database, Page
 from alloy.storage.db.models import JobEventRow, JobRow
 from alloy.storage.db.page import check_paging, count_rows, rows_changed
 from alloy.storage.db.types import utcnow
 
-
-class JobKind(str, Enum):
-    MERGE = "merge"
-    EVALUATION = "evaluation"
-    EVOLUTION = "evolution"
-
-
-class JobState(str, Enum):
-    CREATED = "CREATED"
-    PREPARING = "PREPARING"
-    RUNNING = "RUNNING"
-    EVALUATING = "EVALUATING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-
-TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED})
-NON_TERMINAL_STATES = frozenset(set(JobState) - TERMINAL_STATES)
-
-# Forward moves; FAILED is reachable from every non-terminal state and CREATED only through requeue().
-LEGAL_MOVES: dict[JobState, frozenset[JobState]] = {
-    JobState.CREATED: frozenset({JobState.PREPARING, JobState.FAILED}),
-    JobState.PREPARING: frozenset({JobState.RUNNING, JobState.FAILED}),
-    JobState.RUNNING: frozenset({JobState.EVALUATING, JobState.COMPLETED, JobState.FAILED}),
-    JobState.EVALUATING: frozenset({JobState.COMPLETED, JobState.FAILED}),
-    JobState.COMPLETED: frozenset(),
-    JobState.FAILED: frozenset(),
-}
-
-JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 TRANSITION_FIELDS = frozenset({"progress", "result", "error"})
 CAS_RETRIES = 20  # a lost compare-and-set reads again, after a short random pause (_cas_pause)
 logger = logging.getLogger("alloy.jobs")
@@ -71,54 +43,22 @@ logger = logging.getLogger("alloy.jobs")
 Guard = Callable[[Session], None]
 
 
-class JobError(BaseModel):
-    code: str
-    message: str
-
-
-class JobRecord(BaseModel):
-    id: str
-    kind: JobKind
-    state: JobState
-    progress: dict[str, Any]
-    request: dict[str, Any]
-    result: dict[str, Any] | None
-    error: JobError | None
-    owner: str | None
-    attempts: int
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-
-    @classmethod
-    def from_row(cls, row: JobRow) -> JobRecord:
-        return cls(
-            id=row.id,
-            kind=JobKind(row.kind),
-            state=JobState(row.state),
-            progress=row.progress or {},
-            request=row.request or {},
-            result=row.result,
-            error=JobError.model_validate(row.error) if row.error else None,
-            owner=row.owner,
-            attempts=row.attempts,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-        )
-
-
-class JobEvent(BaseModel):
-    id: int
-    job_id: str
-    event: str  # created | transition | interrupted | replayed
-    from_state: JobState | None
-    to_state: JobState | None
-    reason: str | None
-    details: dict[str, Any] | None
-    at: datetime
+def _record(row: JobRow) -> JobRecord:
+    return JobRecord(
+        id=row.id,
+        kind=JobKind(row.kind),
+        state=JobState(row.state),
+        progress=row.progress or {},
+        request=row.request or {},
+        result=row.result,
+        error=JobError.model_validate(row.error) if row.error else None,
+        owner=row.owner,
+        attempts=row.attempts,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
 
 
 def _public_error(job_id: str, error: JobError) -> dict[str, Any]:
@@ -218,7 +158,7 @@ class JobStore:
             for guard in guards:
                 guard(session)
             session.add(JobEventRow(job_id=job_id, event="created", to_state=JobState.CREATED.value, at=now))
-        return JobRecord.from_row(row)
+        return _record(row)
 
     def transition(self, job_id: str, state: JobState | str, *, attempt: int | None = None, **fields: Any) -> JobRecord:
         """Move a job forward (see LEGAL_MOVES). ``fields``: ``progress`` (merged), ``result``, ``error``.
@@ -348,7 +288,7 @@ class JobStore:
 
     def get(self, job_id: str) -> JobRecord:
         with self.db.session() as session:
-            return JobRecord.from_row(self._row(session, job_id))
+            return _record(self._row(session, job_id))
 
     def list(
         self,
@@ -371,7 +311,7 @@ class JobStore:
             rows = session.scalars(
                 query.order_by(JobRow.created_at.desc(), JobRow.id).offset(offset).limit(limit)
             ).all()
-            return Page[JobRecord](items=[JobRecord.from_row(r) for r in rows], total=total, offset=offset, limit=limit)
+            return Page[JobRecord](items=[_record(r) for r in rows], total=total, offset=offset, limit=limit)
 
     def active(self, kind: JobKind | str | None = None) -> builtins.list[JobRecord]:
         """Every non-terminal job, oldest first (what recovery replays and shutdown waits for)."""
@@ -380,7 +320,7 @@ class JobStore:
             query = query.where(JobRow.kind == JobKind(kind).value)
         with self.db.session() as session:
             rows = session.scalars(query.order_by(JobRow.created_at, JobRow.id)).all()
-            return [JobRecord.from_row(r) for r in rows]
+            return [_record(r) for r in rows]
 
     def claimant(self, output_model_id: str) -> str | None:
         """The active job that claims ``output_model_id`` as its output, if any."""

@@ -4,7 +4,6 @@ the ArtifactStore as Parquet under ``datasets/<id>/<split>.parquet`` (published 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Mapping
 from datetime import datetime
@@ -19,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from alloy.errors import AlloyError, ErrorCode, from_validation_error, not_found, validation_failed
-from alloy.ids import outside_roots
+from alloy.ids import SPLIT_PATTERN, outside_roots
 from alloy.registry.ids import check_id
 from alloy.storage.artifact_catalog import ArtifactCatalog
 from alloy.storage.artifacts import ArtifactStore
@@ -30,7 +29,6 @@ from alloy.storage.db.types import utcnow
 
 DATASETS_PREFIX = "datasets"
 DEFAULT_SPLIT = "train"  # the split name of a dataset registered from a single file
-SPLIT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 

@@ -22,7 +22,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -40,7 +40,6 @@ from alloy.storage.artifact_keys import (
     check_key,
     staging_tag,
 )
-from alloy.storage.db.types import utcnow
 from alloy.storage.durable import fsync_dir, fsync_tree, write_file
 
 if TYPE_CHECKING:
@@ -213,7 +212,7 @@ class ArtifactStore:
         final = self._clear_target(prefix, overwrite)
         staging = self._staged(staging_id)
         entries = sorted(entries, key=lambda e: e["name"])
-        manifest = json.dumps({"files": entries, "created_at": utcnow().isoformat()}).encode()
+        manifest = json.dumps({"files": entries, "created_at": datetime.now(timezone.utc).isoformat()}).encode()
         self._write(f"{staging}/{DIR_MANIFEST}", [manifest])
         self._publish_dir(staging, final, [e["name"] for e in entries])
         return [self._entry_info(check_key(prefix), e) for e in entries]

@@ -48,7 +48,7 @@ def test_cancel_before_start_fails_the_job_as_cancelled(engine):
 def test_a_running_evolution_is_never_claimed_twice(alloy_service, engine, ray_cluster, monkeypatch, capsys):
     """A second dispatch of a job that a live owner runs (fresh heartbeat) does nothing: neither the engine nor
     ``python -m evolution.run --job-id`` takes it over; the batch driver says why and exits 2."""
-    from alloy.jobs.store import JobState
+    from alloy.jobs.records import JobState
     from evolution.run import main as batch_main
 
     job = engine.jobs.create("evolution", tiny_request("owned elsewhere"))

@@ -31,7 +31,8 @@ import yaml
 
 from alloy.cluster.recovery import Recovery
 from alloy.cluster.state import ClusterState, ClusterStateStore
-from alloy.jobs.store import JobState, JobStore
+from alloy.jobs.records import JobState
+from alloy.jobs.store import JobStore
 from alloy.registry.models import ModelRegistry
 from alloy.storage.artifacts import ArtifactStore
 from alloy.storage.db import Database

@@ -122,7 +122,8 @@ def test_no_submission_is_accepted_once_draining_begins(alloy_service, served_mo
 
 def test_registering_an_id_an_active_merge_claims_is_409(alloy_service, served_models):
     from alloy.errors import ErrorCode
-    from alloy.jobs.merge_request import MergeRequest, create_merge_job
+    from alloy.jobs.merge_admission import create_merge_job
+    from alloy.jobs.merge_request import MergeRequest
     from alloy.jobs.store import JobStore
     from alloy.storage.db import Database
 

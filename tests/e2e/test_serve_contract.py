@@ -114,7 +114,8 @@ def test_an_internal_error_reaches_clients_without_internals(alloy_service):
     """Planted: a job that crashed with a driver's message (a server path and SQL). GET /jobs/{id} and its
     events show the generic message with the job id as the reference; the text itself is in the log only."""
     from alloy.errors import ErrorCode
-    from alloy.jobs.store import JobKind, JobStore
+    from alloy.jobs.records import JobKind
+    from alloy.jobs.store import JobStore
     from alloy.storage.db import Database
 
     db = Database(alloy_service.database_url)
@@ -136,7 +137,8 @@ def test_an_internal_error_reaches_clients_without_internals(alloy_service):
 
 
 def test_a_last_event_id_past_every_integer_is_422(alloy_service):
-    from alloy.jobs.store import JobKind, JobStore
+    from alloy.jobs.records import JobKind
+    from alloy.jobs.store import JobStore
     from alloy.storage.db import Database
 
     db = Database(alloy_service.database_url)

@@ -146,7 +146,8 @@ def test_a_merge_job_without_room_for_its_output_fails_insufficient_storage_befo
 ):
     from alloy.jobs.merge_request import MergeRequest
     from alloy.jobs.merge_runner import MergeJobRunner
-    from alloy.jobs.store import JobKind, JobState, JobStore
+    from alloy.jobs.records import JobKind, JobState
+    from alloy.jobs.store import JobStore
     from alloy.registry.models import ModelRegistry
     from alloy.storage.artifacts import ArtifactStore
     from alloy.storage.db import Database

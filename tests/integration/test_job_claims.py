@@ -15,8 +15,10 @@ from sqlalchemy import text
 
 from alloy.cluster.state import ClusterState, ClusterStateStore
 from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs.merge_request import MergeRequest, create_merge_job
-from alloy.jobs.store import JobKind, JobState, JobStore
+from alloy.jobs.merge_admission import create_merge_job
+from alloy.jobs.merge_request import MergeRequest
+from alloy.jobs.records import JobKind, JobState
+from alloy.jobs.store import JobStore
 from alloy.storage.db import Database
 from alloy.storage.db.models import ModelRow
 from alloy.storage.db.types import utcnow

@@ -11,8 +11,9 @@ import time
 import pytest
 
 from alloy.jobs.liveness import OrphanSweeper, requeue_lost, sweep_orphans
+from alloy.jobs.records import JobKind, JobRecord, JobState
 from alloy.jobs.skeleton import JobRun, JobRunner
-from alloy.jobs.store import JobKind, JobRecord, JobState, JobStore
+from alloy.jobs.store import JobStore
 from alloy.storage.db import Database
 
 

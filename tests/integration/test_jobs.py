@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.jobs.store import JobState, JobStore
+from alloy.jobs.records import JobState
+from alloy.jobs.store import JobStore
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ import pytest
 
 from alloy.cluster.recovery import Recovery
 from alloy.cluster.state import ClusterStateStore
-from alloy.jobs.store import JobKind, JobState, JobStore
+from alloy.jobs.records import JobKind, JobState
+from alloy.jobs.store import JobStore
 from alloy.registry.models import ModelRegistry
 from alloy.storage.artifacts import PENDING_MARKER, STAGING
 

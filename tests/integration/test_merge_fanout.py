@@ -20,7 +20,8 @@ from alloy.jobs.liveness import sweep_orphans
 from alloy.jobs.merge_fanout import FanoutCoordinator
 from alloy.jobs.merge_request import MergeRequest
 from alloy.jobs.merge_runner import MergeJobRunner
-from alloy.jobs.store import JobKind, JobState, JobStore
+from alloy.jobs.records import JobKind, JobState
+from alloy.jobs.store import JobStore
 from alloy.merge.executor import execute_merge
 from alloy.registry.models import ModelRegistry
 from alloy.storage.db import Database

@@ -9,9 +9,11 @@ import pytest
 
 from alloy.errors import AlloyError, ErrorCode
 from alloy.jobs.liveness import OrphanSweeper, sweep_orphans
-from alloy.jobs.merge_request import MergeRequest, create_merge_job, validate_merge_request
+from alloy.jobs.merge_admission import create_merge_job, validate_merge_request
+from alloy.jobs.merge_request import MergeRequest
 from alloy.jobs.merge_runner import MergeJobRunner
-from alloy.jobs.store import JobKind, JobState, JobStore
+from alloy.jobs.records import JobKind, JobState
+from alloy.jobs.store import JobStore
 from alloy.registry.models import ModelRegistry
 from alloy.storage.artifacts import ArtifactStore
 from alloy.storage.db import Database

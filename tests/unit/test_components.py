@@ -20,7 +20,7 @@ def test_serve_configs_name_exactly_the_components(path):
 
 
 def test_every_job_kind_has_an_engine():
-    from alloy.jobs.store import JobKind
+    from alloy.jobs.records import JobKind
 
     assert {c.ENGINE_OF_KIND[kind.value] for kind in JobKind} == set(c.ENGINES)
 

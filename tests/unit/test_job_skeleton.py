@@ -11,8 +11,9 @@ import time
 import pytest
 
 from alloy.errors import AlloyError, ErrorCode
+from alloy.jobs.records import JobKind, JobState
 from alloy.jobs.skeleton import JobInterrupted, JobRun, JobRunner, run_shielded
-from alloy.jobs.store import JobKind, JobState, JobStore
+from alloy.jobs.store import JobStore
 from alloy.storage.db import Database
 
 
