@@ -2,8 +2,10 @@
 perplexity sets (English, German, WordNet glosses, Python code), and cheap domain fine-tunes kept only when
 they really help.
 
-Full fine-tuning is too slow on this CPU, so the recipe trains the top layers only (last ``TOP_LAYERS``
-decoder layers; the tied embedding/LM head stays frozen). A fine-tune is kept when its dev perplexity on its
+Each fine-tune trains every decoder layer and the final norm for a few steps (the tied embedding/LM head stays
+frozen: it is a third of the model and most of a step's optimizer cost), so the fine-tunes differ from the base and
+from each other through the whole depth, which is what a layer-path (data-flow) search can choose between; an
+earlier recipe trained the top 4 layers only and left a layer path nothing to pick below them. A fine-tune is kept when its dev perplexity on its
 own domain improves by at least ``MIN_GAIN``; the outcome, kept or not, is recorded in the manifest.
 """
 
@@ -31,7 +33,7 @@ ID_PREFIX = "lm"
 MAX_TOKENS = 64
 SPLIT_SIZES = {"train": 192, "dev": 16, "test": 16}
 FINETUNE_DOMAINS = ("german", "code")
-TOP_LAYERS = 4
+TRAINED_LAYERS = 30  # SmolLM2-135M has 30: all of them
 FINETUNE_STEPS = 30
 FINETUNE_LR = 3e-4
 MIN_GAIN = 0.05  # relative dev-perplexity improvement a fine-tune must show to be kept
@@ -133,7 +135,7 @@ def convert_gguf(out_dir: Path):
 
 
 def _top_layers(num_layers: int):
-    names = tuple(f"model.layers.{i}." for i in range(num_layers - TOP_LAYERS, num_layers))
+    names = tuple(f"model.layers.{i}." for i in range(max(0, num_layers - TRAINED_LAYERS), num_layers))
     return lambda name: name.startswith(names) or name.startswith("model.norm.")
 
 
@@ -213,7 +215,7 @@ def build(staging: Path, *, seed: int = 0) -> PresetManifest:
                     role="finetune",
                     task=f"{ID_PREFIX}-ppl-{domain}",
                     base_model_id=base_id,
-                    description=f"SmolLM2-135M, top {TOP_LAYERS} layers trained on {domain}",
+                    description=f"SmolLM2-135M, top {TRAINED_LAYERS} decoder layers trained on {domain}",
                 )
             )
         del model
@@ -228,7 +230,7 @@ def build(staging: Path, *, seed: int = 0) -> PresetManifest:
             "convert_seconds": round(convert_s, 1),
             "finetunes": finetunes,
             "recipe": {
-                "top_layers": TOP_LAYERS,
+                "trained_layers": TRAINED_LAYERS,
                 "steps": FINETUNE_STEPS,
                 "lr": FINETUNE_LR,
                 "batch_size": 4,
