@@ -21,7 +21,10 @@ log = logging.getLogger(__name__)
 PRESETS: dict[str, tuple[str, str]] = {
     "tiny": ("alloy.zoo.tiny_preset", "random tiny BERT encoder + 2 fine-tunes, tiny llama + 2 fine-tunes; seconds"),
     "encoder-5task": ("alloy.zoo.encoder_5task", "all-MiniLM-L6-v2 fine-tuned on 5 WordNet/fortune tasks; ~10-15 min"),
-    "causal-lm": ("alloy.zoo.causal_lm", "SmolLM2-135M as safetensors, full-depth domain fine-tunes, per-domain perplexity sets; ~7 min"),
+    "causal-lm": (
+        "alloy.zoo.causal_lm",
+        "SmolLM2-135M as safetensors, full-depth domain fine-tunes, per-domain perplexity sets; ~7 min",
+    ),
 }
 
 
