@@ -59,6 +59,13 @@ class GenomeBounds(BaseModel):
         description="an operator gene: the merge method (e.g. task_arithmetic, ties, tsv, iso_c, iso_cts) is "
         "searched too; a searched parameter a method does not declare is left out of its recipes",
     )
+    operator_parameters: dict[ShortText, dict[ShortText, Bounds]] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="with operators: a global parameter with its own gene, bounds and start per method, e.g. "
+        "{lambda: {task_arithmetic: [0.2, 2, 0.8], tsv: [0.5, 4, 2]}} (a switch of method lands on that "
+        "method's own value); every listed method that declares the parameter needs bounds",
+    )
 
 
 class SearchSettings(BaseModel):

@@ -21,6 +21,12 @@ it like any other gene), decoded to the method's strategy family and ``variant``
 method does not declare is left out of that recipe (TIES's density under task arithmetic). PBT's step treats it as
 categorical: it switches to another method with probability ``sigma`` (and is redrawn with the resample
 probability), never by a Gaussian step over an order the methods do not have.
+
+``operator_parameters`` give a global parameter its own gene per method (``lambda.tsv``, ``lambda.iso_c``, ...),
+each with the method's own bounds and start: the methods want very different values of one knob (task arithmetic
+lambda ~0.8, TSV-M ~2, Iso-C ~4 on encoder-5task), and with one shared gene a PBT trial that switches method keeps
+the last method's value, scores badly there and loses the next exploit round. With a gene per method a switch
+lands on the new method's own value, which the trial's earlier steps left where that method's start put it.
 """
 
 from __future__ import annotations
@@ -70,12 +76,15 @@ class GenomeSpace(BaseModel):
     franken: FrankenGenome | None = None
     dataflow: DataFlowGenome | None = None  # the layer path (DFS): see evolution.dataflow
     operators: list[str] | None = Field(None, min_length=2, description="merge methods the operator gene picks")
+    operator_parameters: dict[str, dict[str, Bounds]] = Field(
+        default_factory=dict, description="global parameters with one gene per method: {parameter: {method: bounds}}"
+    )
     dtype: str | None = None
     seed: int | None = None
 
-    @field_validator("per_model", "global_parameters")
+    @field_validator("per_model", "global_parameters", "operator_parameters")
     @classmethod
-    def _clean_names(cls, value: dict[str, Bounds]) -> dict[str, Bounds]:
+    def _clean_names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for name in value:
             if "/" in name or "." in name:
                 raise ValueError(f"parameter name {name!r} may not contain '/' or '.'")
@@ -83,7 +92,7 @@ class GenomeSpace(BaseModel):
 
     @model_validator(mode="after")
     def _something_to_search(self) -> GenomeSpace:
-        if not (self.per_model or self.global_parameters or self.franken or self.dataflow):
+        if not (self.per_model or self.global_parameters or self.operator_parameters or self.franken or self.dataflow):
             raise ValueError(
                 "the genome is empty: give per_model or global_parameters bounds, a franken or a dataflow genome"
             )
@@ -128,6 +137,11 @@ class GenomeSpace(BaseModel):
                     choices=list(self.operators),
                 )
             )
+        for parameter, by_method in self.operator_parameters.items():
+            for method, bounds in by_method.items():
+                for group in self._groups():
+                    name = _gene_name(_own_gene(parameter, method), None, group)
+                    genes.append(GeneSpec(name=name, bounds=bounds, parameter=parameter, group=group))
         return genes
 
     def dataflow_sources(self) -> list[str]:
@@ -244,6 +258,9 @@ class GenomeSpace(BaseModel):
             parameters = {name: self._value(genome, name, index) for name in self.per_model if declared(name)}
             models.append({"model": model_id, "parameters": parameters})
         searched = {name: self._value(genome, name, None) for name in self.global_parameters if declared(name)}
+        for name, by_method in self.operator_parameters.items():
+            if method in by_method:  # the method's own gene (a method that does not declare it has none)
+                searched[name] = self._value(genome, _own_gene(name, method), None)
         recipe: dict[str, Any] = {
             "strategy": self.strategy if method is None else _family_of(method),
             "models": models,
@@ -303,9 +320,29 @@ def _check_against_strategy(space: GenomeSpace) -> None:
         for name in [*space.per_model, *space.global_parameters]:
             if not any(_declared_by(m)(name) for m in methods):
                 raise ValueError(f"no operator of {space.operators} has a parameter {name!r}")
+    _check_operator_parameters(space)
     for method in methods:
         for corner in ("low", "high"):
             _check_corner(space, method, corner)
+
+
+def _check_operator_parameters(space: GenomeSpace) -> None:
+    """Each parameter with a gene per method: an operator gene to pick the method, no shared gene beside it, and
+    bounds for exactly the listed methods that declare the parameter (a method without them would have no value
+    to decode; a method that does not declare it would have a gene that never reaches a recipe)."""
+    if not space.operator_parameters:
+        return
+    if space.operators is None:
+        raise ValueError("operator_parameters need an operator gene (operators)")
+    for name, by_method in space.operator_parameters.items():
+        if name in space.global_parameters or name in space.per_model:
+            raise ValueError(f"{name!r} is both a shared and a per-method parameter: give it in one place")
+        declaring = [m for m in space.operators if _declared_by(m)(name)]
+        if sorted(by_method) != sorted(declaring):
+            raise ValueError(
+                f"operator_parameters.{name} needs bounds for exactly the listed methods that declare it: "
+                f"{declaring}, got {sorted(by_method)}"
+            )
 
 
 def _check_dataflow(space: GenomeSpace, flow: DataFlowGenome) -> None:
@@ -317,7 +354,7 @@ def _check_dataflow(space: GenomeSpace, flow: DataFlowGenome) -> None:
 
     if space.strategy != "franken_merge":
         raise ValueError("a dataflow genome needs strategy franken_merge")
-    if space.per_model or space.global_parameters or space.franken or space.operators:
+    if space.per_model or space.global_parameters or space.operator_parameters or space.franken or space.operators:
         raise ValueError("a dataflow genome takes no other genes (PS+DFS runs the PS search as its first stage)")
     genes = dataflow_genes(flow, space.dataflow_sources())
     # Every step runs (the last source), the scales alternate between their bounds: no two steps merge.
@@ -336,6 +373,9 @@ def _check_corner(space: GenomeSpace, method: str | None, corner: str) -> None:
     declared = _declared_by(method)
     per_model = {name: getattr(bounds, corner) for name, bounds in space.per_model.items() if declared(name)}
     searched = {name: getattr(b, corner) for name, b in space.global_parameters.items() if declared(name)}
+    for name, by_method in space.operator_parameters.items():
+        if method in by_method:
+            searched[name] = getattr(by_method[method], corner)
     recipe: dict[str, Any] = {
         "strategy": space.strategy if method is None else _family_of(method),
         "models": [{"model": m, "parameters": per_model} for m in space.models],
@@ -378,6 +418,11 @@ def _step_choice(value: float, count: int, rng: random.Random, sigma: float, res
     elif rng.random() < sigma:
         index = rng.choice([i for i in range(count) if i != index])
     return index + 0.5
+
+
+def _own_gene(parameter: str, method: str) -> str:
+    """The name of ``parameter``'s gene for ``method`` (before a layer group's suffix): ``lambda.tsv``."""
+    return f"{parameter}.{method}"
 
 
 def _gene_name(parameter: str, model_index: int | None, group: int | None) -> str:

@@ -90,6 +90,7 @@ def genome_space(spec: EvolutionSpec, inputs: ResolvedInputs) -> GenomeSpace:
             franken=genome.franken,
             dataflow=genome.dataflow,
             operators=genome.operators,
+            operator_parameters=genome.operator_parameters,
             dtype=spec.dtype,
             seed=spec.search.seed,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,7 @@ def test_every_shipped_evolution_config_is_a_valid_request_with_a_valid_genome(p
         franken=spec.genome.franken,
         dataflow=spec.genome.dataflow,
         operators=spec.genome.operators,
+        operator_parameters=spec.genome.operator_parameters,
     )
     for genome in space.population(spec.search.population, seed=spec.search.seed, spread=spec.search.init_spread):
         validate_recipe(space.decode(genome))
@@ -191,3 +193,82 @@ def test_a_pbt_step_switches_methods_as_categories_and_keeps_them_at_their_centr
     assert {space.operator_of(step) for step in steps} == set(OPERATORS)  # any other method, not only neighbours
     still = [space.perturb(space.initial(), rng, sigma=0.0, resample_probability=0.0) for _ in range(20)]
     assert {space.operator_of(step) for step in still} == {"task_arithmetic"}
+
+
+# ---- a parameter with its own gene per method (operator_parameters) ----------------------------------------------
+OWN_LAMBDA = {
+    "task_arithmetic": Bounds(low=0.2, high=2.0, init=0.8),
+    "ties": Bounds(low=0.5, high=3.0, init=1.5),
+    "tsv": Bounds(low=0.5, high=4.0, init=2.0),
+    "iso_c": Bounds(low=1.0, high=6.0, init=4.0),
+    "iso_cts": Bounds(low=1.0, high=6.0, init=3.0),
+}
+
+
+def own_lambda_space(**overrides):
+    fields = {
+        "strategy": "task_arithmetic",
+        "models": ["a", "b"],
+        "base_model": "base",
+        "per_model": {"weight": Bounds(low=0.0, high=1.5, init=1.0)},
+        "operators": OPERATORS,
+        "operator_parameters": {"lambda": OWN_LAMBDA},
+    }
+    return GenomeSpace(**{**fields, **overrides})
+
+
+def test_each_method_decodes_its_own_lambda_gene():
+    space = own_lambda_space()
+    names = [gene.name for gene in space.genes()]
+    assert names[-5:] == [f"lambda.{method}" for method in OPERATORS] and "lambda" not in names
+    genome = {**space.initial(), "lambda.tsv": 2.75}
+    for index, method in enumerate(OPERATORS):
+        recipe = space.decode({**genome, "operator": index + 0.5})
+        expected = 2.75 if method == "tsv" else OWN_LAMBDA[method].init
+        assert recipe.variant == method and recipe.parameters["lambda"] == expected
+
+
+def test_a_pbt_switch_of_method_lands_on_the_new_methods_own_start():
+    """The point of a gene per method: a trial at task arithmetic whose lambda drifted to 0.6 switches to TSV-M and
+    is scored at TSV-M's own lambda (its start, 2.0), not at 0.6, where TSV-M scores far below its best."""
+    space = own_lambda_space()
+    rng = random.Random(5)
+    at_ta = {**space.initial(), "lambda.task_arithmetic": 0.6}
+    steps = [space.perturb(at_ta, rng, sigma=0.05, resample_probability=0.0) for _ in range(2000)]
+    to_tsv = [space.decode(g).parameters["lambda"] for g in steps if space.operator_of(g) == "tsv"]
+    assert len(to_tsv) >= 10, "sigma 0.05 switches method in ~5% of the steps, to TSV-M in a quarter of those"
+    assert min(to_tsv) > 1.2 and statistics.mean(to_tsv) == pytest.approx(2.0, abs=0.1)  # one step from 2.0
+    stayed = [space.decode(g).parameters["lambda"] for g in steps if space.operator_of(g) == "task_arithmetic"]
+    assert statistics.mean(stayed) == pytest.approx(0.6, abs=0.05)  # task arithmetic keeps its own drifted value
+
+
+def test_two_genomes_that_differ_only_in_an_unpicked_methods_gene_decode_to_one_recipe():
+    space = own_lambda_space()
+    first = space.initial()
+    second = {**first, "lambda.iso_c": 5.5}  # the operator gene picks task arithmetic: iso_c's lambda is unused
+    assert space.decode_dict(first) == space.decode_dict(second)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"operators": None}, "need an operator gene"),
+        ({"global_parameters": {"lambda": Bounds(low=0.1, high=1.0)}}, "both a shared and a per-method"),
+        ({"operator_parameters": {"lambda": {m: b for m, b in OWN_LAMBDA.items() if m != "iso_c"}}}, "exactly"),
+        ({"operator_parameters": {"lambda": {**OWN_LAMBDA, "slerp": Bounds(low=0.1, high=1.0)}}}, "exactly"),
+        (
+            {
+                "operator_parameters": {
+                    "lambda": OWN_LAMBDA,
+                    "density": {"task_arithmetic": Bounds(low=0.5, high=1.0), "ties": Bounds(low=0.5, high=2.0)},
+                }
+            },
+            "refused recipe",
+        ),
+        ({"operator_parameters": {"lam.bda": OWN_LAMBDA}}, "may not contain"),
+    ],
+    ids=["no-operator-gene", "shared-and-own", "a-method-missing", "a-method-not-listed", "outside-legal", "dot"],
+)
+def test_per_method_parameters_are_refused_when_they_cannot_decode(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        own_lambda_space(**overrides)
