@@ -26,7 +26,8 @@ probability), never by a Gaussian step over an order the methods do not have.
 each with the method's own bounds and start: the methods want very different values of one knob (task arithmetic
 lambda ~0.8, TSV-M ~2, Iso-C ~4 on encoder-5task), and with one shared gene a PBT trial that switches method keeps
 the last method's value, scores badly there and loses the next exploit round. With a gene per method a switch
-lands on the new method's own value, which the trial's earlier steps left where that method's start put it.
+lands on the new method's own value: near that method's start (an unpicked gene moves by PBT's small steps only),
+not at the last method's.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ class GenomeSpace(BaseModel):
     def _something_to_search(self) -> GenomeSpace:
         if not (self.per_model or self.global_parameters or self.operator_parameters or self.franken or self.dataflow):
             raise ValueError(
-                "the genome is empty: give per_model or global_parameters bounds, a franken or a dataflow genome"
+                "the genome is empty: give per_model, global_parameters or operator_parameters bounds, a franken or "
+                "a dataflow genome"
             )
         if self.dataflow is not None:
             _check_dataflow(self, self.dataflow)

@@ -66,6 +66,9 @@ def test_a_valid_request_passes_the_pre_job_check_explicit_or_preset():
     check_before_job(parse_spec(VALID))
     preset = {"preset": "tiny", "genome": {"global_parameters": {"lambda": {"low": 0.1, "high": 1.5}}}}
     check_before_job(parse_spec(preset))
+    own_lambda = {"task_arithmetic": [0.3, 1.2], "tsv": [0.7, 3.0]}
+    per_method = {"operators": ["task_arithmetic", "tsv"], "operator_parameters": {"lambda": own_lambda}}
+    check_before_job(parse_spec({**VALID, "genome": per_method}))
 
 
 @pytest.mark.parametrize(
@@ -75,6 +78,10 @@ def test_a_valid_request_passes_the_pre_job_check_explicit_or_preset():
         ({"preset": "no-such-preset"}, ErrorCode.VALIDATION_FAILED),
         ({"genome": {"per_model": {"not_a_parameter": {"low": 0.0, "high": 1.0}}}}, ErrorCode.VALIDATION_FAILED),
         ({"genome": {"per_model": {"weight": {"low": 0.0, "high": 1.0}}, "operators": ["nope"]}}, None),
+        (  # a per-method lambda missing for one listed method
+            {"genome": {"operators": ["task_arithmetic", "tsv"], "operator_parameters": {"lambda": {"tsv": [1, 3]}}}},
+            ErrorCode.VALIDATION_FAILED,
+        ),
     ],
 )
 def test_what_the_run_would_refuse_is_refused_before_a_job(change, code):
