@@ -131,7 +131,8 @@ class Conclusion:
         started = time.perf_counter()
         spec, space = self.spec, self.space
         dev = self.scorer(spec.dev_split)
-        chosen: list[Finalist] = finalists(candidates, spec.search.finalists)
+        start = space.initial() if spec.search.include_initial else None  # the seed individual: always a finalist
+        chosen: list[Finalist] = finalists(candidates, spec.search.finalists, keep=start)
         for finalist in chosen:
             merged = merge_state_dicts(space.decode(finalist.candidate.genome), self.tensors, device=self.device)
             finalist.dev_metrics = dev.score(merged)

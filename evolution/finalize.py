@@ -2,7 +2,9 @@
 
 Candidates were ranked on small rotating dev batches, so the winner is not simply the highest single score: the
 distinct genomes with the best mean batch fitness (``finalists``) are re-scored on the whole dev split and the best
-of those wins. Only then is one model merged to disk.
+of those wins; the search's starting genome is always among them, so an evolution never returns a recipe that
+scores below its starting point on the whole dev split (a second stage that starts at an earlier winner, as PS+DFS
+does, keeps it unless it finds better). Only then is one model merged to disk.
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ class Finalist(BaseModel):
     dev_metrics: dict[str, float] = {}
 
 
-def finalists(candidates: list[Candidate], count: int) -> list[Finalist]:
-    """The ``count`` distinct genomes with the highest mean fitness over the batches they were scored on. When some
-    candidates reached the whole dev split and others were stopped on a subset (fidelity asha), only the former
-    compete: a stopped candidate's estimate may be high by luck, and is never ranked against full-dev scores."""
+def finalists(candidates: list[Candidate], count: int, keep: dict[str, float] | None = None) -> list[Finalist]:
+    """The ``count`` distinct genomes with the highest mean fitness over the batches they were scored on, plus the
+    genome ``keep`` (the search's starting genome) when it competes and is not among them. WHY ``keep``: on small
+    rotating batches a lucky neighbour can outrank the starting genome and then score below it on the whole dev
+    split (seen in PS+DFS on causal-lm with 4-example batches and one finalist: the second stage returned a worse
+    model than the first stage's winner it started from). When some candidates reached the whole dev split and
+    others were stopped on a subset (fidelity asha), only the former compete: a stopped candidate's estimate may be
+    high by luck, and is never ranked against full-dev scores."""
     by_genome: dict[str, list[Candidate]] = defaultdict(list)
     full_dev = [c for c in candidates if c.metrics.get("full_dev")]
     for candidate in full_dev or candidates:
@@ -44,7 +50,12 @@ def finalists(candidates: list[Candidate], count: int) -> list[Finalist]:
         key=lambda f: f.mean_batch_fitness,
         reverse=True,
     )
-    return ranked[:count]
+    chosen = ranked[:count]
+    if keep is not None:
+        kept = _genome_key(keep)
+        if all(_genome_key(f.candidate.genome) != kept for f in chosen):
+            chosen += [f for f in ranked[count:] if _genome_key(f.candidate.genome) == kept]
+    return chosen
 
 
 def _genome_key(genome: dict[str, float]) -> str:

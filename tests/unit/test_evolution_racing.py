@@ -231,3 +231,18 @@ def test_a_stopped_candidates_estimate_does_not_reach_the_target_fitness():
     fixed = EvolutionStopper("fixed-target", generations=5, target_fitness=0.9)
     fixed("t0", {"fitness": 0.95, "generation": 1, "full_dev": False})  # a rotating batch, as before
     assert fixed.stop_all()
+
+
+def test_the_starting_genome_is_always_a_finalist_when_it_competes():
+    """A neighbour that was lucky on its small batch may outrank the starting genome; the start still goes to the
+    whole-dev re-scoring, so the winner never scores below it there (PS+DFS starts at the PS winner)."""
+    start, lucky, other = candidate("start", 0.5, None), candidate("lucky", 0.9, None), candidate("xx", 0.7, None)
+    pool = [start, lucky, other]
+    chosen = [f.candidate.trial_id for f in finalists(pool, 1, keep=start.genome)]
+    assert chosen == ["lucky", "start"]
+    assert [f.candidate.trial_id for f in finalists(pool, 3, keep=start.genome)] == ["lucky", "xx", "start"]  # once
+    assert [f.candidate.trial_id for f in finalists(pool, 1)] == ["lucky"]  # without keep: as before
+    assert [f.candidate.trial_id for f in finalists(pool, 1, keep={"lambda": 123.0})] == ["lucky"]  # never scored
+    # racing: a start stopped on a dev subset does not compete against full-dev scores
+    raced = [candidate("start", 0.9, False), candidate("good", 0.7, True)]
+    assert [f.candidate.trial_id for f in finalists(raced, 1, keep=raced[0].genome)] == ["good"]
