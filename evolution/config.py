@@ -98,7 +98,9 @@ class SearchSettings(BaseModel):
     dev_batch_size: int | None = Field(
         64, ge=1, le=1_000_000, description="examples per rotating dev batch; None: whole dev split"
     )
-    finalists: int = Field(3, ge=1, le=32, description="best distinct genomes re-scored on the whole dev split")
+    finalists: int = Field(
+        3, ge=1, le=32, description="best distinct genomes re-scored on the whole dev split (and the starting genome)"
+    )
     fidelity: Fidelity = Field("fixed", description="fixed: one dev batch per candidate; asha: successive halving")
     rungs: int = Field(3, ge=2, le=8, description="asha: fidelity levels, the last one the whole dev split")
     reduction_factor: int = Field(
