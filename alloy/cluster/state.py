@@ -315,8 +315,9 @@ def _conflict(current: ClusterState, target: ClusterState, why: str) -> AlloyErr
 
 
 def _the_row(session: Session) -> ClusterStateRow:
-    """The one state row, read afresh (``_ensure_row`` wrote it before)."""
-    row = session.get(ClusterStateRow, ROW_ID, populate_existing=True)
+    """The one state row, read afresh and locked until the session ends (every caller writes what it read back;
+    ``_ensure_row`` wrote the row before)."""
+    row = session.get(ClusterStateRow, ROW_ID, populate_existing=True, with_for_update=True)
     if row is None:
         raise AlloyError(ErrorCode.SERVICE_UNAVAILABLE, "the cluster state row is missing", {"component": "database"})
     return row

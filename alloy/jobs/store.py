@@ -83,7 +83,9 @@ def _unchanged_since_read(row: JobRow):
     """The compare-and-set condition of a write that read ``row``: the job is as it was read. Every write sets
     ``updated_at``, so it is the row's version: a progress merge or a move that read an older row (a heartbeat
     racing a candidate's progress) matches nothing and reads again, instead of writing back the stale progress it
-    read and losing the other's keys."""
+    read and losing the other's keys. Writers read the row locked (``_row(lock=True)``: FOR UPDATE on PostgreSQL,
+    every SQLite transaction begins IMMEDIATE), so they queue instead of losing tries; this check is what keeps
+    a key safe should a write ever read unlocked."""
     return (
         (JobRow.id == row.id)
         & (JobRow.state == row.state)
@@ -188,7 +190,7 @@ class JobStore:
         """Merge keys into the job's progress (percent, tensors_done, bytes_done, generation, best, ...)."""
         for try_ in range(CAS_RETRIES):
             with self.db.session() as session:
-                row = self._row(session, job_id)
+                row = self._row(session, job_id, lock=True)
                 current = JobState(row.state)
                 if current.terminal:
                     raise _conflict(job_id, current.value, current.value, "progress after the end:")
@@ -232,7 +234,7 @@ class JobStore:
         """One compare-and-set try of a move: False when only a progress write (a heartbeat, a candidate) came
         in between the read and the write, so the caller reads again; a conflicting state or attempt raises."""
         with self.db.session() as session:
-            row = self._row(session, job_id)
+            row = self._row(session, job_id, lock=True)
             current = JobState(row.state)
             if not allowed(current):
                 raise _conflict(job_id, current.value, target.value)
@@ -280,8 +282,9 @@ class JobStore:
 
     # -- reads ----------------------------------------------------------------------------------------------
     @staticmethod
-    def _row(session, job_id: str) -> JobRow:
-        row = session.get(JobRow, job_id, populate_existing=True)
+    def _row(session, job_id: str, *, lock: bool = False) -> JobRow:
+        """The job's row, read afresh; ``lock``: held until the session ends (a read-modify-write)."""
+        row = session.get(JobRow, job_id, populate_existing=True, with_for_update=lock)
         if row is None:
             raise not_found("job", job_id)
         return row

@@ -39,14 +39,29 @@ def normalize_url(url: str) -> str:
 
 
 def _enable_sqlite_concurrency(engine: Engine) -> None:
+    """WAL, a busy timeout, and every transaction opened with ``BEGIN IMMEDIATE``.
+
+    Why immediate: a deferred SQLite transaction reads first and asks for the write lock at its first write; if
+    another connection committed in between, WAL answers SQLITE_BUSY at once, without the busy timeout (waiting
+    cannot make the old snapshot current). Every read-modify-write here (merging a job's progress while a
+    heartbeat merges into the same row) would then fail under contention instead of waiting its turn. Taking the
+    write lock at BEGIN makes writers queue on the busy timeout; readers of the WAL are never blocked by it.
+    pysqlite's own implicit BEGIN is switched off (``isolation_level = None``) so that SQLAlchemy's begin is the
+    only one (the SQLite dialect's documented recipe)."""
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.execute("PRAGMA synchronous = NORMAL")  # durable at checkpoints; safe with WAL
         cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 class Database:
