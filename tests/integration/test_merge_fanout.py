@@ -138,7 +138,11 @@ def test_a_failed_group_is_retried_and_the_output_is_unchanged(fanout_setup, tmp
     record = _runner(fanout_setup, _KillFirstAttempt(load, num_cpus=0.25)).run(job.id)
     assert record.state is JobState.COMPLETED, record.error
     attempts = {g["index"]: g["attempt"] for g in record.result["merge"]["groups"]}
-    assert attempts == {0: 0, 1: 1, 2: 0}
+    # Group 1 ran twice. A neighbour may have too: Ray's force-cancel of group 1 as it starts can take down the
+    # worker process that group 2 was handed (one CI run: group 2 failed with WorkerCrashedError as group 1 was
+    # killed; Ray reuses a leased worker for queued tasks of the same resource shape). A dead worker is what the
+    # retries are for; what may not happen is a group run a third time or an output that differs.
+    assert attempts[1] == 1 and set(attempts) == {0, 1, 2} and max(attempts.values()) == 1, attempts
     clean = jobs.create(JobKind.MERGE, _request("fan-clean", "dare_ties").model_dump(mode="json"))
     assert _runner(fanout_setup).run(clean.id).state is JobState.COMPLETED
     assert _digests(_published(models, "fan-retried", tmp_path / "a")) == _digests(
