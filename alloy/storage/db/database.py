@@ -41,13 +41,13 @@ def normalize_url(url: str) -> str:
 def _enable_sqlite_concurrency(engine: Engine) -> None:
     """WAL, a busy timeout, and every transaction opened with ``BEGIN IMMEDIATE``.
 
-    Why immediate: a deferred SQLite transaction reads first and asks for the write lock at its first write; if
-    another connection committed in between, WAL answers SQLITE_BUSY at once, without the busy timeout (waiting
-    cannot make the old snapshot current). Every read-modify-write here (merging a job's progress while a
-    heartbeat merges into the same row) would then fail under contention instead of waiting its turn. Taking the
-    write lock at BEGIN makes writers queue on the busy timeout; readers of the WAL are never blocked by it.
-    pysqlite's own implicit BEGIN is switched off (``isolation_level = None``) so that SQLAlchemy's begin is the
-    only one (the SQLite dialect's documented recipe)."""
+    Why: left to itself, pysqlite runs a session's reads outside any transaction and begins one only at the first
+    write, so a read-modify-write (merging a job's progress while a heartbeat merges into the same row) is not
+    atomic, and under contention its compare-and-set kept losing until it gave up. A transaction begun deferred at
+    the read would not help: WAL answers SQLITE_BUSY at once, without the busy timeout, when it asks for the write
+    lock after another writer committed. Taking the write lock at BEGIN makes writers queue on the busy timeout;
+    readers of the WAL are not blocked by it. pysqlite's own BEGIN is switched off (``isolation_level = None``) so
+    that SQLAlchemy's begin is the only one (the SQLite dialect's documented recipe)."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
