@@ -469,8 +469,10 @@ def run_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]], own: dict[str, f
     return rows
 
 
-def print_fidelity_table(rows: list[dict[str, Any]]) -> None:
-    """Per run: the cost of fitness and what it bought (dev fitness: the winner re-scored on the whole split)."""
+def print_fidelity_table(rows: list[dict[str, Any]], unit: float) -> None:
+    """Per run: the cost of fitness and what it bought (dev fitness: the winner re-scored on the whole split;
+    ``unit``: :func:`unit_of` the metric, so perplexities print as they are, not x100)."""
+    digits = 2 if unit == 1 else 1
     print(
         "\n| kind | fidelity | seed | candidates | distinct candidates/min | eval CPU-min | dev examples scored | "
         "scored on whole dev | best full-dev fitness | best full-dev fitness per eval CPU-min | test |"
@@ -482,8 +484,8 @@ def print_fidelity_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"| {row['kind']} | {row['fidelity']} | {row['seed']} | {row['candidates']} | "
             f"{row['candidates_per_minute']:.1f} | {cpu_min:.2f} | {row.get('examples_scored', '-')} | "
-            f"{row.get('full_dev_candidates', '-')} | {100 * row['dev_fitness']:.1f} | {per_cpu} | "
-            f"{100 * row['test']:.1f} |"
+            f"{row.get('full_dev_candidates', '-')} | {unit * row['dev_fitness']:.{digits}f} | {per_cpu} | "
+            f"{unit * row['test']:.{digits}f} |"
         )
 
 
@@ -561,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     own = {d: result["test"]["per_dataset"][m][d] for d, m in models.own_finetune.items()}
     rows = run_rows(runs, own)
     print_report(args, models, runs, rows, grid, own, bare_s)
-    print_fidelity_table(rows)
+    print_fidelity_table(rows, unit_of(result["test"]["metric"]))
     print(f"bench total {time.perf_counter() - bench_started:.0f}s", flush=True)
     if args.json:
         out = {
