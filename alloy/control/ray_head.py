@@ -67,6 +67,14 @@ class RayHead:
         ray_private.refresh_auth_token_cache()
 
 
+# Serve settings of every node we start (an operator's own environment wins). WHY: the HTTP proxy forwards each
+# request to the ingress replica over Serve's gRPC channel instead of a Ray actor call; measured with
+# bench/http_bench.py on 2 vCPUs, the progress poll's p50 through the proxy went from 75-78 ms to 61 ms (x2.21-2.49
+# to x1.77 the plain FastAPI app), p99 and throughput better too. Only the proxy reads it; handles between
+# deployments keep their default transport.
+SERVE_ENV = {"RAY_SERVE_PROXY_USE_GRPC": "1"}
+
+
 def auth_env(token: str | None = None) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token or secrets.token_hex(32)}
 
@@ -125,7 +133,7 @@ def start_ray_head(
     for flag, port in ports.items():
         command += [f"--{flag}", str(port)]
 
-    child_env = {**os.environ, **(extra_env or {}), **env, "RAY_USAGE_STATS_ENABLED": "0"}
+    child_env = {**SERVE_ENV, **os.environ, **(extra_env or {}), **env, "RAY_USAGE_STATS_ENABLED": "0"}
     output = open(log_file or temp_dir / "ray-head.log", "ab")
     process = subprocess.Popen(command, env=child_env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     head = RayHead(
