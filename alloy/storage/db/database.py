@@ -46,8 +46,9 @@ def _enable_sqlite_concurrency(engine: Engine) -> None:
     atomic, and under contention its compare-and-set kept losing until it gave up. A transaction begun deferred at
     the read would not help: WAL answers SQLITE_BUSY at once, without the busy timeout, when it asks for the write
     lock after another writer committed. Taking the write lock at BEGIN makes transactions queue on the busy
-    timeout (reads included: each session is short, and PostgreSQL serves heavier concurrency). pysqlite's own BEGIN is switched off (``isolation_level = None``) so
-    that SQLAlchemy's begin is the only one (the SQLite dialect's documented recipe)."""
+    timeout (reads included: each session is short, and PostgreSQL serves heavier concurrency). pysqlite's own
+    BEGIN is switched off (``isolation_level = None``) so that SQLAlchemy's begin is the only one (the SQLite
+    dialect's documented recipe)."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
