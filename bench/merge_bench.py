@@ -4,6 +4,7 @@
                                 [--shard-mb 200] [--methods ties,dare_ties,slerp,della,breadcrumbs_ties]
                                 [--mergekit /work/mkvenv/bin/python] [--no-mergekit] [--root DIR] [--keep-models]
                                 [--device cpu|cuda] [--reference-device cpu] [--check-estimates] [--pairs 3]
+                                [--alloy-args '--workers 8 --threads 1']
 
 Builds (offline, with a fixed seed) a base and ``--tunes`` "fine-tunes" (base + small noise) as sharded fp32
 Llama-style checkpoints. Every method is written once as a mergekit YAML recipe, and the very same file is run by
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -172,9 +174,9 @@ def timed(command: list[str], env: dict | None = None) -> Usage:
     return Usage(report["wall"], report["cpu"], report["rss"])
 
 
-def run_alloy(config: Path, out: Path, device: str = "cpu") -> Usage:
+def run_alloy(config: Path, out: Path, device: str = "cpu", extra: tuple[str, ...] = ()) -> Usage:
     return timed(
-        [sys.executable, "-m", "alloy.cli.main", "merge", str(config), str(out), "--quiet", "--device", device]
+        [sys.executable, "-m", "alloy.cli.main", "merge", str(config), str(out), "--quiet", "--device", device, *extra]
     )
 
 
@@ -283,12 +285,18 @@ def main() -> None:
         "--check-estimates", action="store_true", help="compare each Alloy run with its dry run's estimates"
     )
     parser.add_argument(
+        "--alloy-args",
+        default="",
+        help="more options for every `alloy merge` run, floors included (e.g. '--workers 8 --threads 1')",
+    )
+    parser.add_argument(
         "--pairs",
         type=int,
         default=1,
         help="Alloy's ratios to its floor as the median of this many adjacent floor-then-method pairs",
     )
     args = parser.parse_args()
+    args.alloy_extra = tuple(shlex.split(args.alloy_args))
 
     started = time.perf_counter()
     args.root.mkdir(parents=True, exist_ok=True)
@@ -301,7 +309,7 @@ def main() -> None:
         f"models: base + {args.tunes} tunes, {size / 1e9:.2f} GB fp32 each in {shards} shards "
         f"(hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}); built/found in "
         f"{time.perf_counter() - started:.0f}s; {os.cpu_count()} CPUs, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
-        f"mergekit: {python or 'not run'}",
+        f"mergekit: {python or 'not run'}; alloy merge {' '.join(args.alloy_extra) or '(defaults)'}",
         flush=True,
     )
     print(
@@ -322,7 +330,7 @@ def main() -> None:
                 floor_config = args.root / f"floor-{scope}.yml"
                 floor_yaml = recipe_yaml("task_arithmetic", folders if scope == "all" else folders[:2])
                 floor_config.write_text(floor_yaml)
-                floors[(scope, tool)] = run_one(tool, python, floor_config, args.root, folders, devices.get(tool))
+                floors[(scope, tool)] = run_one(tool, python, floor_config, args, folders, devices.get(tool))
                 floor = floors[(scope, tool)]
                 print(row(f"floor:{scope}", tool, floor, floor), flush=True)
         config = args.root / f"{method}.yml"
@@ -334,7 +342,11 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             estimates = alloy_estimates(config) if tool == "alloy" and args.check_estimates else None
             warm_page_cache(folders)
-            usage = run_alloy(config, out, devices[tool]) if tool in devices else run_mergekit(python, config, out)
+            usage = (
+                run_alloy(config, out, devices[tool], args.alloy_extra)
+                if tool in devices
+                else run_mergekit(python, config, out)
+            )
             outputs[tool], usages[tool] = out, usage
             note = ""
             if tool == reference:  # the same per-tensor seeds: random methods too draw the same masks
@@ -389,10 +401,10 @@ def floor_pairs(args, scope: str, config: Path, folders: list[Path], usage: Usag
     walls, cpus = [usage.wall_s / floor.wall_s], [usage.cpu_s / floor.cpu_s]
     out = args.root / "out-pair"
     for _ in range(args.pairs - 1):
-        again_floor = run_one("alloy", None, args.root / f"floor-{scope}.yml", args.root, folders, args.device)
+        again_floor = run_one("alloy", None, args.root / f"floor-{scope}.yml", args, folders, args.device)
         shutil.rmtree(out, ignore_errors=True)
         warm_page_cache(folders)
-        again = run_alloy(config, out, args.device)
+        again = run_alloy(config, out, args.device, args.alloy_extra)
         shutil.rmtree(out, ignore_errors=True)
         walls.append(again.wall_s / again_floor.wall_s)
         cpus.append(again.cpu_s / again_floor.cpu_s)
@@ -406,12 +418,14 @@ def pairs_note(pairs: dict) -> str:
     )
 
 
-def run_one(tool: str, python: Path | None, config: Path, root: Path, folders: list[Path], device: str | None) -> Usage:
+def run_one(tool: str, python: Path | None, config: Path, args, folders: list[Path], device: str | None) -> Usage:
     """One floor run: Alloy on ``device``, or mergekit when ``device`` is None."""
-    out = root / f"out-floor-{tool}"
+    out = args.root / f"out-floor-{tool}"
     shutil.rmtree(out, ignore_errors=True)
     warm_page_cache(folders)
-    usage = run_alloy(config, out, device) if device is not None else run_mergekit(python, config, out)
+    usage = (
+        run_alloy(config, out, device, args.alloy_extra) if device is not None else run_mergekit(python, config, out)
+    )
     shutil.rmtree(out, ignore_errors=True)
     return usage
 
