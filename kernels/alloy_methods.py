@@ -52,6 +52,7 @@ ALLOY_METHODS = (
         min_models=1,
         max_models=UNLIMITED,
         family="task_arithmetic",
+        threaded_kernel=True,
         reference="https://arxiv.org/abs/2412.00081",
     ),
     MethodSpec(
@@ -62,6 +63,7 @@ ALLOY_METHODS = (
         min_models=1,
         max_models=UNLIMITED,
         family="task_arithmetic",
+        threaded_kernel=True,
         reference="https://arxiv.org/abs/2502.04959",
     ),
     MethodSpec(
@@ -83,6 +85,7 @@ ALLOY_METHODS = (
         min_models=1,
         max_models=UNLIMITED,
         family="task_arithmetic",
+        threaded_kernel=True,
         reference="https://arxiv.org/abs/2502.04959",
     ),
 )

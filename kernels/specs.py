@@ -110,6 +110,10 @@ class MethodSpec:
     # sets ``out_dtype``. The kernel (``computes_in_dtype``) returns float32 too; the plan gives a mergekit recipe
     # without ``out_dtype`` float32 output tensors from it.
     float32_result: bool = False
+    # The kernel's time is in LAPACK factorisations (an SVD per 2-D tensor), which spread one tensor over torch's
+    # intra-op threads. Every other kernel is elementwise or a sort: one intra-op thread per merge thread is as
+    # fast and spares the spinning of idle ones (alloy.merge.threads, where it was measured).
+    threaded_kernel: bool = False
     param_index: dict[str, ParamSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -104,7 +104,8 @@ class StopOnSignal:
     "--threads",
     type=click.IntRange(min=1),
     default=None,
-    help="torch intra-op threads of each merge thread [default: this process's cores / --workers, at least 1]",
+    help="torch intra-op threads of each merge thread [default: 1; for the SVD methods (tsv, iso_c, iso_cts) this "
+    "process's cores / --workers]",
 )
 @click.option(
     "--max-memory",
@@ -150,7 +151,7 @@ def merge(
         raise click.UsageError("OUT_DIR is required (unless --dry-run)")
     limits = {"shard_bytes": shard_bytes, "max_in_flight": max_in_flight, "workers": workers}
     limits["max_in_flight_bytes"] = max_in_flight_bytes
-    limits["threads"] = threads or 0  # 0: the default, this process's cores / workers
+    limits["threads"] = threads or 0  # 0: the method's default (alloy.merge.threads)
     with StopOnSignal() as stop:
         try:
             result = _merge(recipe_file, out_dir, device, seed, limits, quiet, stop)
@@ -201,12 +202,14 @@ def _merge(
 
     from alloy.merge.executor import execute_merge
     from alloy.merge.footprint import usable_cores
+    from alloy.merge.methods import get_method
+    from alloy.merge.threads import intra_op_threads
 
-    # WHY: the merge threads already run tensors in parallel; torch's default (every core per op) oversubscribes
-    # the cores, and its idle OpenMP threads spin: DELLA took 1.2-1.7x the CPU seconds with 2 threads per
-    # worker than with 1 on 2 cores, for no wall time gained by any method.
-    torch.set_num_threads(limits["threads"] or max(1, usable_cores() // max(1, limits["workers"])))
     recipe, sources = load_recipe(recipe_file, seed)
+    # WHY: the merge threads already run tensors in parallel; torch's default (every core per op) oversubscribes
+    # the cores, and idle OpenMP threads spin (DELLA on 16 cores: 111 CPU s with 8 per merge thread, 24 with 1).
+    method = get_method(recipe.variant or recipe.strategy)
+    torch.set_num_threads(limits["threads"] or intra_op_threads(method, usable_cores(), limits["workers"]))
     if out_dir.exists():
         raise AlloyError(ErrorCode.ALREADY_EXISTS, f"{out_dir} already exists", {"path": str(out_dir)})
     need = SpaceNeed(out_dir.absolute().parent, merge_output_bytes(recipe, sources), "the output folder")
