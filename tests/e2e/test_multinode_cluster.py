@@ -74,6 +74,12 @@ def wait_running_on(multinode: MultiNodeCluster, job_id: str, timeout_s: float =
     raise AssertionError(f"job {job_id} never merged on a worker")
 
 
+def explain(multinode: MultiNodeCluster, job: dict[str, Any]) -> str:
+    """A job and its events, whole (pytest cuts a dict's repr short): what a failed assertion needs to say."""
+    events = multinode.service.client("read").get(f"/jobs/{job['job_id']}/events").json()
+    return f"{job}\nevents: {events}"
+
+
 def node_name(multinode: MultiNodeCluster, node_id: str) -> str:
     return {v: k for k, v in multinode.node_ids.items()}[node_id]
 
@@ -111,7 +117,7 @@ def test_node_local_storage_is_refused_on_several_nodes(multinode, tmp_path):
 def test_a_worker_fetches_its_inputs_into_its_own_cache_and_publishes_atomically(multinode, family):
     accepted = submit(multinode, merge_body("first-merge"))
     job = multinode.service.wait_job(accepted["progress_url"])
-    assert job["state"] == "COMPLETED", job
+    assert job["state"] == "COMPLETED", explain(multinode, job)
     worker = node_name(multinode, job["result"]["node"])
     other = {"w1": "w2", "w2": "w1"}[worker]
     assert worker in ("w1", "w2")
@@ -181,7 +187,7 @@ def test_a_fanned_out_merge_runs_on_both_workers_and_is_bit_identical(multinode,
     fanned = submit(multinode, {**body, "output_model_id": "fanned", "parallelism": 2})
     single = submit(multinode, {**body, "output_model_id": "single", "parallelism": 1})
     job = multinode.service.wait_job(fanned["progress_url"])
-    assert job["state"] == "COMPLETED", job
+    assert job["state"] == "COMPLETED", explain(multinode, job)
     groups = job["result"]["merge"]["groups"]
     assert len(groups) == 2 and {node_name(multinode, g["node"]) for g in groups} == {"w1", "w2"}
     assert job["tensors_done"] == job["tensors_total"] == job["result"]["merge"]["tensors"]
@@ -209,7 +215,7 @@ def test_a_worker_killed_mid_merge_has_its_job_requeued_and_completed_on_another
     assert killed and not [pid for pid in killed if _running(pid)]
 
     job = multinode.service.wait_job(accepted["progress_url"], timeout_s=300)
-    assert job["state"] == "COMPLETED", job
+    assert job["state"] == "COMPLETED", explain(multinode, job)
     assert job["attempts"] >= 1 and node_name(multinode, job["result"]["node"]) != victim
     client = multinode.service.client("read")
     events = [e["event"] for e in client.get(f"/jobs/{accepted['job_id']}/events").json()]
@@ -238,10 +244,10 @@ def test_a_drained_worker_finishes_its_merge_and_starts_nothing_new(multinode, f
 
     later = [submit(multinode, merge_body(f"after-drain-{i}-{uuid.uuid4().hex[:6]}")) for i in range(2)]
     done = multinode.service.wait_job(first["progress_url"], timeout_s=300)
-    assert done["state"] == "COMPLETED" and done["result"]["node"] == node_id, done
+    assert done["state"] == "COMPLETED" and done["result"]["node"] == node_id, explain(multinode, done)
     for accepted in later:
         job = multinode.service.wait_job(accepted["progress_url"], timeout_s=300)
-        assert job["state"] == "COMPLETED" and job["result"]["node"] != node_id, job
+        assert job["state"] == "COMPLETED" and job["result"]["node"] != node_id, explain(multinode, job)
     # Once Serve has moved its replicas away and its work is done, the drained raylet leaves the cluster.
     health = admin.get("/health").json()
     alive = {n["node_id"] for n in health["nodes"] if n["alive"]}
