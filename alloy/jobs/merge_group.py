@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
-
 from alloy.config import Settings
 from alloy.errors import AlloyError, ErrorCode
 from alloy.merge.executor import MergeProgress, execute_merge
@@ -78,14 +76,8 @@ def group_services(settings: Settings) -> GroupServices:
 
 def local_inputs(models: ModelRegistry, model_ids: list[str]) -> dict[str, Path]:
     """Each input's folder on this node. Several groups on one node may want the same model at once: the
-    registry's download is serialised per model by a lock file next to the cache, so one downloads and the
-    others find the folder complete."""
-    models.cache_dir.mkdir(parents=True, exist_ok=True)
-    folders = {}
-    for model_id in model_ids:
-        with FileLock(str(models.cache_dir / f".{model_id.replace('/', '--')}.lock")):
-            folders[model_id] = Path(models.local_dir(model_id))
-    return folders
+    registry serialises its download per model and node, so one downloads and the others find it complete."""
+    return {model_id: Path(models.local_dir(model_id)) for model_id in model_ids}
 
 
 def run_group(

@@ -10,12 +10,14 @@ damaged model is marked ``broken`` (as the start-up consistency check marks one)
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import shutil
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from filelock import FileLock
 from pydantic import BaseModel, computed_field
 from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
@@ -35,6 +37,8 @@ from alloy.storage.integrity import Damage, FileRecord, FileVerifier, damaged_mo
 
 if TYPE_CHECKING:
     from alloy.config import Settings
+
+logger = logging.getLogger(__name__)
 
 MODELS_PREFIX = "models"
 # What a model folder may carry into the store: weights, configs, tokenizers, chat templates, the model card.
@@ -239,10 +243,18 @@ class ModelRegistry:
         local = self.store.local_path(key)
         if local is not None:
             return local
-        return self.store.get_dir(key, self._cache_path(model_id))
+        with self._cache_lock(model_id):
+            return self.store.get_dir(key, self._cache_path(model_id))
 
     def _cache_path(self, model_id: str) -> Path:
         return self.cache_dir / model_id
+
+    def _cache_lock(self, model_id: str) -> FileLock:
+        """The lock of a model's copy in this node's cache, held to download, replace or remove it. WHY: every
+        process on the node shares the cache (engine replicas, merge groups); two merges that wanted a model at
+        once both downloaded it, and the second replaced the folder the first was already checking."""
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.cache_dir / f".{model_id.replace('/', '--')}.lock"))
 
     # -- reads ----------------------------------------------------------------------------------------------
     def _row(self, session, model_id: str) -> ModelRow:
@@ -292,12 +304,18 @@ class ModelRegistry:
         folder = self._folder(model_id, source_path, prefix)
         expected = self._expected_files(model_id, folder, files, prefix)
         damage = self.verifier.check(folder, expected)
+        if damage is not None and folder == self._cache_path(model_id):
+            # A node's copy is not the model: download it again (verified against the store as it comes). Only a
+            # damaged stored file (CorruptArtifact) or a damaged folder registered in place marks the model broken.
+            logger.warning("the cached copy of model %s %s: downloading it again", model_id, damage.describe())
+            folder = self._folder(model_id, source_path, prefix, replace=True)
+            damage = self.verifier.check(folder, expected)
         if damage is not None:
             self.mark_broken(model_id, damage.describe())
             raise damaged_model(model_id, damage)
         return folder
 
-    def _folder(self, model_id: str, source_path: str | None, prefix: str | None) -> Path:
+    def _folder(self, model_id: str, source_path: str | None, prefix: str | None, *, replace: bool = False) -> Path:
         if source_path is not None:
             return Path(source_path)
         assert prefix is not None
@@ -305,13 +323,14 @@ class ModelRegistry:
         if local is not None:
             return local
         cached = self._cache_path(model_id)
-        if not cached.is_dir():  # get_dir publishes by rename: an existing folder is complete
-            try:
-                self.store.get_dir(prefix, cached)  # verifies every sha256 while it downloads
-            except CorruptArtifact as exc:
-                damage = Damage(file=exc.key[len(prefix) + 1 :], reason="does not match its sha256 in the store")
-                self.mark_broken(model_id, damage.describe())
-                raise damaged_model(model_id, damage) from None
+        with self._cache_lock(model_id):
+            if replace or not cached.is_dir():  # get_dir publishes by rename: an existing folder is complete
+                try:
+                    self.store.get_dir(prefix, cached)  # verifies every sha256 while it downloads
+                except CorruptArtifact as exc:
+                    damage = Damage(file=exc.key[len(prefix) + 1 :], reason="does not match its sha256 in the store")
+                    self.mark_broken(model_id, damage.describe())
+                    raise damaged_model(model_id, damage) from None
         return cached
 
     def _expected_files(
@@ -385,4 +404,5 @@ class ModelRegistry:
         if prefix == f"{MODELS_PREFIX}/{model_id}":
             self.store.delete_prefix(prefix)
             self.catalog.forget_prefix(prefix)
-        shutil.rmtree(self._cache_path(model_id), ignore_errors=True)
+        with self._cache_lock(model_id):
+            shutil.rmtree(self._cache_path(model_id), ignore_errors=True)

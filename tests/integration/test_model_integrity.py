@@ -6,9 +6,13 @@ SQLite and a local store unless a test says otherwise (the S3 download check use
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -111,6 +115,44 @@ def test_a_corrupt_download_from_s3_is_refused_and_marks_the_model_broken(db, so
         registry.local_dir("remote")
     assert_damaged(caught, "remote", tmp_path)
     assert registry.get("remote").broken is not None
+
+
+def test_processes_that_want_a_model_at_once_download_it_once_on_their_node(db, source, tmp_path, s3_server):
+    """Engine replicas and merge groups on one node share its cache. Each first use used to download the model and
+    publish it by replacing the folder, under a merge already checking the first copy (which then found its
+    files missing and marked the model broken): now one downloads, the others wait and find it complete."""
+    store = ArtifactStore(s3_server.new_uri(), s3_server.storage_options)
+    ModelRegistry(db, store, model_roots=[source.parent], data_dir=tmp_path).register("shared", source)
+    downloads, together = [], threading.Barrier(4)
+    real_get_dir = ArtifactStore.get_dir
+
+    def get_dir(self, *args, **kwargs):
+        downloads.append(threading.get_ident())
+        with contextlib.suppress(threading.BrokenBarrierError):
+            together.wait(timeout=1.0)  # without the lock, all four download at once
+        return real_get_dir(self, *args, **kwargs)
+
+    def first_use() -> Path:  # one registry per thread, as each process has its own
+        return ModelRegistry(db, store, model_roots=[source.parent], data_dir=tmp_path).local_dir("shared")
+
+    with mock.patch.object(ArtifactStore, "get_dir", get_dir), ThreadPoolExecutor(4) as pool:
+        folders = list(pool.map(lambda _: first_use(), range(4)))
+    assert len(downloads) == 1 and len(set(folders)) == 1
+    assert (folders[0] / WEIGHTS).read_bytes() == (source / WEIGHTS).read_bytes()
+    assert ModelRegistry(db, store, data_dir=tmp_path).get("shared").broken is None
+
+
+def test_a_damaged_cached_copy_is_downloaded_again_and_the_model_stays_usable(db, source, tmp_path, s3_server):
+    """A node's copy is not the model: bit rot in the cache costs a download, not the model (a damaged stored
+    file still marks it broken: test_a_corrupt_download_from_s3_is_refused_and_marks_the_model_broken)."""
+    store = ArtifactStore(s3_server.new_uri(), s3_server.storage_options)
+    registry = ModelRegistry(db, store, model_roots=[source.parent], data_dir=tmp_path)
+    registry.register("rotten", source)
+    cached = registry.local_dir("rotten")
+    flip_a_byte(cached / WEIGHTS)
+    again = registry.local_dir("rotten")
+    assert again == cached and (again / WEIGHTS).read_bytes() == (source / WEIGHTS).read_bytes()
+    assert registry.get("rotten").broken is None
 
 
 def test_the_start_up_check_verifies_every_sha256_and_marks_or_clears_broken_models(db, registry, tmp_path):
