@@ -180,9 +180,9 @@ def run_alloy(config: Path, out: Path, device: str = "cpu", extra: tuple[str, ..
     )
 
 
-def alloy_estimates(config: Path) -> dict:
-    """``alloy merge --dry-run --json``'s estimates for the recipe (headers only)."""
-    command = [sys.executable, "-m", "alloy.cli.main", "merge", "--dry-run", "--json", str(config)]
+def alloy_estimates(config: Path, extra: tuple[str, ...] = ()) -> dict:
+    """``alloy merge --dry-run --json``'s estimates for the recipe (headers only), with the run's own options."""
+    command = [sys.executable, "-m", "alloy.cli.main", "merge", "--dry-run", "--json", str(config), *extra]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=True)
     return json.loads(done.stdout)["estimates"]
 
@@ -340,7 +340,7 @@ def main() -> None:
         for tool in [t for t in tools if t in devices or method not in ALLOY_ONLY]:
             out = args.root / f"out-{method}-{tool}"
             shutil.rmtree(out, ignore_errors=True)
-            estimates = alloy_estimates(config) if tool == "alloy" and args.check_estimates else None
+            estimates = alloy_estimates(config, args.alloy_extra) if tool == "alloy" and args.check_estimates else None
             warm_page_cache(folders)
             usage = (
                 run_alloy(config, out, devices[tool], args.alloy_extra)
