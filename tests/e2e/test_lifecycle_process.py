@@ -295,16 +295,25 @@ def test_warm_start_then_stop_with_a_1s_timeout_forces_and_the_job_is_replayable
     jobs = JobStore(operator.db)
     interrupted = [job_id for job_id in job_ids if jobs.get(job_id).state is not JobState.COMPLETED]
     assert interrupted, "every merge finished within the 1 s timeout: queue more (QUEUED_MERGES)"
-    for n, job_id in enumerate(job_ids):
-        if job_id in interrupted:  # back in the queue for the next start, nothing partial registered
-            assert jobs.get(job_id).state is JobState.CREATED
-            assert not operator.models.exists(f"forced-{n}")
+    outputs = {job_id: f"forced-{n}" for n, job_id in enumerate(job_ids) if job_id in interrupted}
+    assert all(jobs.get(job_id).state is JobState.CREATED for job_id in outputs)  # back in the queue
     # The merges that had started are recorded as interrupted (a queued one that never started has no run to
     # interrupt and simply stays CREATED).
     assert any(jobs.events(job_id)[-1].event == "interrupted" for job_id in interrupted)
     report = operator.consistency()
-    # No partial model: nothing orphaned or broken in the registry. Staging leftovers and partial outputs of the
-    # killed merges may remain; the next start's consistency check deletes them (test 1 shows it).
-    assert not report.orphan_artifacts and not report.broken_records
     assert sorted(j.id for j in report.interrupted_jobs) == sorted(interrupted)  # what the next start replays
+    # No partial model: nothing broken, no record without its files. The forced stop kills merges wherever they
+    # are: staging leftovers and partial outputs may remain; so may an interrupted job's complete output, published
+    # but not yet recorded (an orphan folder), or recorded by that very job before its COMPLETED (lineage names it).
+    # The start's repair removes all of them before it replays the jobs.
+    assert not report.broken_records
+    assert all(
+        not o.half_published and o.prefix.removeprefix("models/") in outputs.values() for o in report.orphan_artifacts
+    ), report.orphan_artifacts
+    for job in report.interrupted_jobs:
+        if operator.models.exists(outputs[job.id]):
+            assert job.output_registered_by_job and operator.models.get(outputs[job.id]).lineage["job_id"] == job.id
+    Recovery(operator.db, operator.store, models=operator.models).repair(report)
+    assert not any(operator.models.exists(output) for output in outputs.values())
+    assert not operator.consistency().orphan_artifacts
     print("forced stop steps (s):", {s.name: s.duration_s for s in last_stop.steps})
