@@ -243,11 +243,20 @@ class ModelRegistry:
         local = self.store.local_path(key)
         if local is not None:
             return local
-        with self._cache_lock(model_id):
-            return self.store.get_dir(key, self._cache_path(model_id))
+        return self._download(model_id, key)
 
     def _cache_path(self, model_id: str) -> Path:
         return self.cache_dir / model_id
+
+    def _download(self, model_id: str, prefix: str, *, only_if_missing: bool = False) -> Path:
+        """The model's files from the store into this node's cache (replacing its copy), verifying every sha256;
+        ``only_if_missing``: keep a copy already there (get_dir publishes by rename: an existing folder is complete).
+        """
+        cached = self._cache_path(model_id)
+        with self._cache_lock(model_id):
+            if not (only_if_missing and cached.is_dir()):
+                self.store.get_dir(prefix, cached)
+        return cached
 
     def _cache_lock(self, model_id: str) -> FileLock:
         """The lock of a model's copy in this node's cache, held to download, replace or remove it. WHY: every
@@ -322,16 +331,12 @@ class ModelRegistry:
         local = self.store.local_path(prefix)
         if local is not None:
             return local
-        cached = self._cache_path(model_id)
-        with self._cache_lock(model_id):
-            if replace or not cached.is_dir():  # get_dir publishes by rename: an existing folder is complete
-                try:
-                    self.store.get_dir(prefix, cached)  # verifies every sha256 while it downloads
-                except CorruptArtifact as exc:
-                    damage = Damage(file=exc.key[len(prefix) + 1 :], reason="does not match its sha256 in the store")
-                    self.mark_broken(model_id, damage.describe())
-                    raise damaged_model(model_id, damage) from None
-        return cached
+        try:
+            return self._download(model_id, prefix, only_if_missing=not replace)
+        except CorruptArtifact as exc:
+            damage = Damage(file=exc.key[len(prefix) + 1 :], reason="does not match its sha256 in the store")
+            self.mark_broken(model_id, damage.describe())
+            raise damaged_model(model_id, damage) from None
 
     def _expected_files(
         self, model_id: str, folder: Path, files: dict[str, Any] | None, prefix: str | None
