@@ -13,12 +13,12 @@ from kernels import selection
 from kernels.errors import InvalidParameterError
 from kernels.reductions import stable_abs_sum
 
-# Elements of uniform noise per ``torch.rand`` call. Entry i of a tensor gets the i-th draw of its generator
-# whatever this is: torch's CPU generator yields one number per element in order, so calls of any sizes give the
-# same sequence (pinned by tests/unit/test_kernels_random_stream.py against the 2**24-element calls every mask was
-# drawn with before). WHY this size: the draws and their keep-test temporaries cost 2 x 4 bytes x this per merge
-# thread (2**24 was 128 MB, more than one 24M-entry embedding delta), and 2**20 calls cost nothing measurable.
+# Entry i of a tensor gets the i-th uniform draw of its generator whatever the sizes of the ``torch.rand`` calls:
+# torch's CPU generator yields one number per element in order (pinned by tests/unit/test_kernels_random_stream.py
+# against the 2**24-element calls every mask was drawn with before). So the masks draw a cache-sized piece at a
+# time into one reused buffer, and the few whole-tensor draws (:func:`uniform`) RANDOM_CHUNK at a time.
 RANDOM_CHUNK = 1 << 20
+MASK_PIECE = 32000  # elements per draw and float-mask step: in cache, and below torch's intra-op grain
 
 
 def keep_count(density: float, numel: int) -> int:
@@ -118,13 +118,21 @@ def random_drop_(owned: torch.Tensor, drop_rate: float, rescale: bool, generator
     if drop_rate <= 0:
         return owned
     flat = owned.view(-1)
-    for start in range(0, flat.numel(), RANDOM_CHUNK):
-        piece = flat[start : start + RANDOM_CHUNK]
-        keep = torch.rand(piece.numel(), generator=generator) >= drop_rate
-        piece.mul_(keep.to(owned.device))
+    draws, keep = _draw_buffers(flat.numel()), torch.empty(min(MASK_PIECE, flat.numel()), dtype=torch.bool)
+    for start in range(0, flat.numel(), MASK_PIECE):
+        piece = flat[start : start + MASK_PIECE]
+        count = piece.numel()
+        uniform_draws = torch.rand(count, generator=generator, out=draws[:count])
+        piece.mul_(torch.ge(uniform_draws, drop_rate, out=keep[:count]).to(owned.device))
     if rescale and drop_rate < 1:
         owned.mul_(1.0 / (1.0 - drop_rate))
     return owned
+
+
+def _draw_buffers(numel: int) -> torch.Tensor:
+    """One piece of draws, reused for every piece of a tensor. WHY: a fresh RANDOM_CHUNK of draws per call is a new
+    4 MB map, and its page faults were half of DARE's system time (1.5 of 3.3 s on four 0.4 GB models)."""
+    return torch.empty(min(MASK_PIECE, numel), dtype=torch.float32)
 
 
 # --- mergekit 0.1.5 sparsifiers (used by kernels.gta) ----------------------------------------------------------
@@ -165,24 +173,24 @@ def magnitude_prune_(owned: torch.Tensor, density: float, rescale: bool = False)
 
 
 def _draw_keep_(owned: torch.Tensor, probability: torch.Tensor | float, generator: torch.Generator) -> torch.Tensor:
-    """Keep entry i when the i-th uniform draw (row-major order, drawn in RANDOM_CHUNK pieces) is below its keep
-    probability; zero it otherwise (multiply by 0: a dropped -x becomes -0, a dropped inf NaN)."""
+    """Keep entry i when the i-th uniform draw (row-major order; the sequence is the same whatever the sizes of the
+    ``torch.rand`` calls) is below its keep probability; zero it otherwise (multiply by 0: a dropped -x becomes
+    -0, a dropped inf NaN)."""
     flat = owned.view(-1)
     flat_probability = probability.reshape(-1) if isinstance(probability, torch.Tensor) else None
-    for start in range(0, flat.numel(), RANDOM_CHUNK):
-        piece = flat[start : start + RANDOM_CHUNK]
-        draws = torch.rand(piece.numel(), generator=generator).to(owned.device)
-        if flat_probability is None:
-            keep = torch.rsub(draws, float(probability))  # in float32, as ``draws < probability`` compares
+    draws = _draw_buffers(flat.numel())
+    difference = torch.empty_like(draws)
+    for start in range(0, flat.numel(), MASK_PIECE):
+        piece = flat[start : start + MASK_PIECE]
+        count = piece.numel()
+        uniform_draws = torch.rand(count, generator=generator, out=draws[:count])
+        if flat_probability is None:  # in float32, as ``draws < probability`` compares
+            keep = difference[:count].fill_(float(probability)).sub_(uniform_draws)
         else:
-            keep = torch.sub(flat_probability[start : start + piece.numel()].to(torch.float32), draws)
-        for first in range(0, piece.numel(), MASK_PIECE):
-            part = slice(first, first + MASK_PIECE)
-            piece[part].mul_(_below_as_float_(keep[part]))
+            part = flat_probability[start : start + count].to(device="cpu", dtype=torch.float32)
+            keep = torch.sub(part, uniform_draws, out=difference[:count])
+        piece.mul_(_below_as_float_(keep).to(owned.device))
     return owned
-
-
-MASK_PIECE = 32000  # elements per float-mask step: in cache, and below torch's intra-op grain
 
 
 def _below_as_float_(difference: torch.Tensor) -> torch.Tensor:
@@ -312,24 +320,6 @@ def _rank_probabilities(length: int, density: float, epsilon: float) -> torch.Te
     return ranks.mul_(2).mul_(epsilon).add_(density - epsilon)
 
 
-def _draw_stream(numel: int, generator: torch.Generator):
-    """Yields, for each ``send(count)``, the next ``count`` uniform draws of the sequence :func:`_draw_keep_` draws
-    (``torch.rand`` calls of RANDOM_CHUNK elements, the last one shorter)."""
-    drawn, buffer, used = 0, torch.empty(0), 0
-    count = yield None
-    while True:
-        parts = []
-        while count:
-            if used == buffer.numel():
-                buffer, used = torch.rand(min(RANDOM_CHUNK, numel - drawn), generator=generator), 0
-                drawn += buffer.numel()
-            part = buffer[used : used + count]
-            used += part.numel()
-            count -= part.numel()
-            parts.append(part)
-        count = yield parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
 def _della_keep_blocked_(rows: torch.Tensor, density: float, epsilon: float, generator: torch.Generator) -> None:
     """:func:`_draw_keep_` with :func:`della_keep_probability`, bit for bit, on a contiguous float32 CPU matrix,
     a block of whole rows at a time (WHY: the full-size rank, probability and int64 order tensors were 5 passes
@@ -358,9 +348,7 @@ def _della_keep_blocked_(rows: torch.Tensor, density: float, epsilon: float, gen
     sorted_magnitudes = torch.empty(capacity, dtype=torch.int32)
     by_magnitude, by_row, order = (torch.empty(capacity, dtype=torch.int64) for _ in range(3))
     rows_by_magnitude, sorted_rows = (torch.empty(capacity, dtype=row_type) for _ in range(2))
-    probability = torch.empty(capacity, dtype=torch.float32)
-    draws = _draw_stream(rows.numel(), generator)
-    next(draws)
+    probability, draws = (torch.empty(capacity, dtype=torch.float32) for _ in range(2))
     for first in range(0, rows.shape[0], per_block):
         block = rows[first : first + per_block]
         numel = block.numel()
@@ -371,5 +359,5 @@ def _della_keep_blocked_(rows: torch.Tensor, density: float, epsilon: float, gen
         torch.index_select(by_magnitude[:numel], 0, by_row[:numel], out=order[:numel])
         # every position gets one rank's probability: order is a permutation of the block
         keep_probability = probability[:numel].scatter_(0, order[:numel], table[:numel]).view(block.shape)
-        uniform_draws = draws.send(numel).view(block.shape)
+        uniform_draws = torch.rand(numel, generator=generator, out=draws[:numel]).view(block.shape)
         block.mul_(_below_as_float_(keep_probability.sub_(uniform_draws)))

@@ -29,13 +29,15 @@ def test_the_chunk_bounds_the_draws_memory():
     assert sparsify.RANDOM_CHUNK <= 1 << 20  # 4 MB of draws per call
 
 
-def test_masks_are_those_of_the_former_chunk_size(monkeypatch):
-    """A DARE and a DELLA mask over more than one new chunk are the masks drawn with the former chunk size."""
+def test_masks_are_those_of_the_former_whole_draws():
+    """DARE (bernoulli and random drop) and DELLA masks, drawn a piece at a time, are the masks of the former
+    2**24-element draws compared with the keep probabilities."""
     x = torch.randn(2_500_000, generator=torch.Generator().manual_seed(3)).view(1250, 2000)
-    monkeypatch.setattr(sparsify, "RANDOM_CHUNK", FORMER_CHUNK)
-    former_dare = _draw_keep_(x.clone(), 0.3, torch.Generator().manual_seed(8))
-    former_della = della_prune_(x.clone(), 0.4, 0.1, torch.Generator().manual_seed(8), True)
-    monkeypatch.undo()
+    former = draws(x.numel(), FORMER_CHUNK, 8).view_as(x)
     assert x.numel() > 2 * sparsify.RANDOM_CHUNK
-    assert torch.equal(_draw_keep_(x.clone(), 0.3, torch.Generator().manual_seed(8)), former_dare)
-    assert torch.equal(della_prune_(x.clone(), 0.4, 0.1, torch.Generator().manual_seed(8), True), former_della)
+    assert torch.equal(_draw_keep_(x.clone(), 0.3, torch.Generator().manual_seed(8)), x * (former < 0.3))
+    dropped = sparsify.random_drop_(x.clone(), 0.3, False, torch.Generator().manual_seed(8))
+    assert torch.equal(dropped, x * (former >= 0.3))
+    kept = x * (former < sparsify.della_keep_probability(x, 0.4, 0.1))
+    expected = sparsify._rescale_l1_(kept, float(sparsify.stable_abs_sum(x)))
+    assert torch.equal(della_prune_(x.clone(), 0.4, 0.1, torch.Generator().manual_seed(8), True), expected)
