@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found
 from alloy.merge.compatibility import check_compatibility, check_layouts
-from alloy.merge.footprint import working_bytes
+from alloy.merge.footprint import execution_order, working_bytes
 from alloy.merge.lora import LoraSource, TensorReader, model_folder, open_readers
 from alloy.merge.output_files import copy_base_files, write_config, write_model_card, write_recipe_files
 from alloy.merge.plan import MergePlan, TensorTask, build_plan, layout_from_manifest, layout_from_state_dict
@@ -232,7 +232,7 @@ def _run_tasks(
     workers: int,
     out_dir: Path,
 ) -> None:
-    """Submit tasks in plan order while fewer than ``max_in_flight`` tasks and ``max_in_flight_bytes`` working
+    """Submit tasks in :func:`alloy.merge.footprint.execution_order` while fewer than ``max_in_flight`` tasks and ``max_in_flight_bytes`` working
     bytes are in flight (a task larger than the byte budget runs alone); report each completion in order of
     completion from this thread. :func:`alloy.merge.footprint.replay_schedule` replays this rule: keep them
     in step."""
@@ -283,7 +283,7 @@ def _run_tasks(
     tasks_by_future: dict[Future, str] = {}
     pool = ThreadPoolExecutor(max_workers=max(1, min(workers, max_in_flight)), thread_name_prefix="alloy-merge")
     try:
-        for task in plan.tasks:
+        for task in execution_order(plan.tasks):
             cost = min(working_bytes(plan, task, streamed=device == "cpu"), max_in_flight_bytes)
             while in_flight and (len(in_flight) >= max_in_flight or budget_used + cost > max_in_flight_bytes):
                 collect(block_until_one=True)

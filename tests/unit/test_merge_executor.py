@@ -266,3 +266,22 @@ parameters: {{t: 0.3, density: 0.5}}
     recipe_file.write_text(recipe_file.read_text().replace("density", "densty"))
     refused = CliRunner().invoke(merge, [str(recipe_file), str(tmp_path / "out2"), "--quiet"])
     assert refused.exit_code != 0 and "VALIDATION_FAILED" in refused.output and "parameters.densty" in refused.output
+
+
+def test_the_longest_tensors_start_first_and_the_output_is_the_plans(family, tmp_path):
+    """One merge thread: the progress events come in the order tasks start, the largest merged tensors first
+    (the embeddings, last in a Llama plan), copied ones last; the files are those of a plan-order merge."""
+    from alloy.merge.executor import prepare
+    from alloy.merge.footprint import execution_order, task_numel
+
+    ties = recipe("ties", ["base", "t1", "t2"], parameters={"density": 0.5})
+    plan = prepare(ties, {m: read_manifest(family[m]) for m in ties.model_ids})
+    seen = []
+    execute_merge(ties, family, tmp_path / "one", progress=seen.append, workers=1, max_in_flight=1)
+    started = [p.current for p in seen]
+    assert started == [t.output_name for t in execution_order(plan.tasks)] != [t.output_name for t in plan.tasks]
+    sizes = [task_numel(t) * len(t.sources) if t.compute else 0 for t in execution_order(plan.tasks)]
+    assert sizes == sorted(sizes, reverse=True)
+    execute_merge(ties, family, tmp_path / "two")  # two threads, finishing in any order
+    one, two = load_weights(tmp_path / "one"), load_weights(tmp_path / "two")
+    assert one.keys() == two.keys() and all(torch.equal(one[n], two[n]) for n in one)
