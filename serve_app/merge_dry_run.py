@@ -41,5 +41,6 @@ async def dry_run_response(
         workers=max(DEFAULT_WORKERS, settings.threads),
         max_in_flight=settings.max_in_flight,
         budget_bytes=DEFAULT_MAX_IN_FLIGHT_BYTES,
+        threads=settings.threads,  # the merge engine's torch threads per merge thread
     )
     return JSONResponse(report.model_dump(mode="json"), status_code=200)

@@ -142,8 +142,9 @@ def merge(
         from alloy.cli.merge_dry_run import print_dry_run
 
         limits = {"shard_bytes": shard_bytes, "max_in_flight": max_in_flight, "workers": workers}
+        limits |= {"budget_bytes": max_in_flight_bytes, "threads": threads or 0}
         try:
-            print_dry_run(recipe_file, seed, limits | {"budget_bytes": max_in_flight_bytes}, as_json)
+            print_dry_run(recipe_file, seed, limits, as_json)
         except AlloyError as exc:
             raise failed(exc.code, exc.message + (f" {exc.details}" if exc.details else "")) from None
         return

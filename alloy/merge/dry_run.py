@@ -14,12 +14,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.merge.footprint import present_load, replay_schedule, usable_cores
+from alloy.merge.footprint import merge_lanes, present_load, replay_schedule, usable_cores
 from alloy.merge.plan import MergePlan, count_layers
 from alloy.merge.recipe import MergeRecipe
-from alloy.merge.speed import slowness
+from alloy.merge.speed import kernel_ns_per_input_element, probe_task, slowness
 from alloy.merge.tensor_io import shard_name, split_into_shards
 from alloy.merge.tensor_merge import resolve_task_parameters
+from alloy.merge.threads import intra_op_threads
 from alloy.model_manifest import ModelManifest
 
 MAX_DISTINCT_SHOWN = 8  # per parameter: the distinct values listed before only the range is given
@@ -51,7 +52,11 @@ class DryRunEstimates(BaseModel):
     largest_tensor_bytes: int = Field(description="working bytes of the largest task (runs alone when over budget)")
     machine_slowness: float = Field(
         description="this machine's CPU seconds per second of the machine the time constants were calibrated on "
-        "(a probe of merge arithmetic, alloy.merge.speed); the time estimates are scaled by it"
+        "(a probe of memory-bound merge passes, alloy.merge.speed); the reading and writing time is scaled by it"
+    )
+    kernel_ns_per_element: float = Field(
+        description="the method's kernel on this machine, CPU nanoseconds per input element: timed by the dry run "
+        "on synthetic inputs shaped like the plan's largest merged tensor, with its parameters"
     )
     basis: str = Field(description="where the figures come from")
 
@@ -91,9 +96,13 @@ def dry_run(
     budget_bytes: int,
     cpus: int | None = None,
     load: float | None = None,
+    threads: int = 0,
+    startup_s: float | None = None,
 ) -> DryRunReport:
     """The report for ``recipe`` over models described by ``manifests``. INCOMPATIBLE_MODELS is the verdict,
-    not an error; every other refusal (VALIDATION_FAILED, INVALID_STRATEGY...) is raised as the merge would."""
+    not an error; every other refusal (VALIDATION_FAILED, INVALID_STRATEGY...) is raised as the merge would.
+    ``threads``: the torch threads of each merge thread (0: the method's default, :mod:`alloy.merge.threads`);
+    ``startup_s``: the merge process's start when the caller measured it (the CLI: its own start so far)."""
     from alloy.merge.executor import output_tensors, prepare  # the executor imports this module's neighbours
 
     try:
@@ -114,15 +123,22 @@ def dry_run(
         for n, members in enumerate(layout, start=1)
     ]
     speed = slowness()
+    cpus = cpus if cpus is not None else usable_cores()
+    threads = threads or intra_op_threads(plan.method, cpus, workers)
+    sample = probe_task(plan)
+    lanes = merge_lanes(workers, max_in_flight, cpus)
+    kernel_ns = kernel_ns_per_input_element(plan, sample, threads, lanes) if sample is not None else 0.0
     schedule = replay_schedule(
         plan,
         plan.tasks,
         workers=workers,
         max_in_flight=max_in_flight,
         budget_bytes=budget_bytes,
-        cpus=cpus if cpus is not None else usable_cores(),
+        cpus=cpus,
         load=load if load is not None else present_load(),  # sampled once: 0.4 s of readings
         slowness=speed,
+        kernel_ns=kernel_ns,
+        startup_s=startup_s,
     )
     disk = sum(s.bytes for s in shards)
     return DryRunReport(
@@ -147,8 +163,10 @@ def dry_run(
             memory_budget_bytes=budget_bytes,
             largest_tensor_bytes=schedule.largest_task_bytes,
             machine_slowness=round(speed, 3),
-            basis="the executor's schedule replayed with calibrated kernel throughput (alloy.merge.footprint), "
-            "scaled by this machine's measured slowness, on its cores at its present load",
+            kernel_ns_per_element=round(kernel_ns, 2),
+            basis="the executor's schedule replayed (alloy.merge.footprint) with the method's kernel timed on this "
+            "machine and calibrated reading and writing scaled by its measured slowness, on its cores at its "
+            "present load",
         ),
     )
 

@@ -2,11 +2,13 @@
 counts these), and a replay of the executor's schedule that gives the peak memory and the wall time a dry run
 reports. One model for both, so that what the dry run promises is what the executor enforces.
 
-The constants are calibrated, not derived: ``bench/merge_bench.py --check-estimates`` runs real merges and prints
-estimate / measured for each method; refit them there when a kernel changes. Calibrated on 2 shared vCPUs
+The memory constants are calibrated, not derived: ``bench/merge_bench.py --check-estimates`` runs real merges and
+prints estimate / measured for each method; refit them there when a kernel changes. Calibrated on 2 shared vCPUs
 (x86-64, torch CPU), fp32 inputs, one torch thread per merge thread (``alloy merge --threads``' default there).
-The time constants are that machine's; on another the dry run scales them by its measured slowness
-(:mod:`alloy.merge.speed`: two VMs of the same kind ran the same merges 2.2x apart). Memory and disk do not scale.
+Time has two parts: the kernel's, measured by the dry run on the machine that asks (:mod:`alloy.merge.speed`
+times the method's kernel on inputs shaped like the plan's largest tensor), and the reading and writing around it,
+a calibrated constant scaled by that machine's measured slowness (two VMs of the same kind ran the same merges
+2.2x apart). Memory and disk do not scale.
 """
 
 from __future__ import annotations
@@ -47,25 +49,17 @@ DEFAULT_WORK_FACTOR = 4.0
 # tensor, streamed or not: slerp's gram sums convert a chunk of both inputs to float64 and hold their three
 # products at once.
 SCRATCH_BYTES_PER_ELEMENT = {"slerp": 5 * 8}
-# CPU nanoseconds per input element (one element of one input), reading and writing included; calibrated on
-# bench/merge_bench.py on a quiet 2-vCPU machine, the one whose probe time is alloy.merge.speed.CALIBRATION_PROBE_S
-# (the wall estimate stretches them for the load it sees).
-NS_PER_INPUT_ELEMENT = {
-    "linear": 5.5,
-    "task_arithmetic": 5.5,
-    "passthrough": 2.0,
-    "slerp": 23.6,
-    "ties": 18.0,
-    "breadcrumbs": 28.7,
-    "breadcrumbs_ties": 28.7,
-    "dare_linear": 24.0,
-    "dare_ties": 24.8,
-    "della": 45.6,
-    "della_linear": 45.6,
-    "sce": 24.4,
-}
-DEFAULT_NS_PER_INPUT_ELEMENT = 40.0
-STARTUP_S = 2.9  # interpreter, imports, manifests, plan (wall and CPU alike)
+# CPU nanoseconds per input element (one element of one input) around the kernel: reading it from the page cache,
+# converting it and writing the output. The kernel's own time is measured on the machine that asks
+# (alloy.merge.speed.kernel_ns_per_input_element). Calibrated on bench/merge_bench.py's task-arithmetic floor (its
+# CPU seconds less its start and its kernel, over its input elements: 3.9 ns at a slowness of 0.81) on a quiet
+# 2-vCPU machine, and expressed for the machine whose probe time is alloy.merge.speed.CALIBRATION_PROBE_S (the
+# wall estimate stretches them for the load it sees).
+IO_NS_PER_INPUT_ELEMENT = 4.8
+COPY_NS_PER_ELEMENT = 1.0  # a tensor the method does not compute (integer buffers): read and written
+# Interpreter, imports, manifests, plan (wall and CPU alike), where the caller cannot measure its own (the CLI
+# does: its dry run is the same process start).
+STARTUP_S = 2.9
 
 
 def task_numel(task: TensorTask) -> int:
@@ -89,18 +83,21 @@ def working_bytes(plan: MergePlan, task: TensorTask, streamed: bool = True) -> i
     return int(numel * 4 * (len(task.sources) + factor)) + scratch
 
 
-def compute_seconds(plan: MergePlan, task: TensorTask) -> float:
-    """CPU seconds of one task: the kernel, the read of its inputs and the write of its output."""
-    ns = NS_PER_INPUT_ELEMENT.get(plan.method.name, DEFAULT_NS_PER_INPUT_ELEMENT) if task.compute else 1.0
-    return task_numel(task) * len(task.sources) * ns * 1e-9
+def compute_seconds(plan: MergePlan, task: TensorTask, kernel_ns: float, slowness: float) -> float:
+    """CPU seconds of one task: the reads of its inputs and the write of its output (calibrated, times this
+    machine's ``slowness``) and the kernel (``kernel_ns`` per input element, measured on this machine)."""
+    if not task.compute:
+        return task_numel(task) * COPY_NS_PER_ELEMENT * slowness * 1e-9
+    io_ns = IO_NS_PER_INPUT_ELEMENT * slowness * streaming.read_passes(plan, task)
+    return task_numel(task) * len(task.sources) * (io_ns + kernel_ns) * 1e-9
 
 
 def execution_order(tasks: Sequence[TensorTask]) -> list[TensorTask]:
     """The order the executor starts tasks in: the longest first (input elements; a copied tensor counts as
-    nothing), ties in plan order. WHY: a merge's largest tensors (the embeddings, last in the plan) are also its
-    longest tasks; started last, the last one ran alone on one core while the others idled (DELLA over four 0.4 GB
-    models: about a quarter of its wall time). Started first, the small ones fill the other cores around them. The
-    writer's slots take tensors in any order, and every tensor's seed is its name's, so the output is the same."""
+    nothing), ties in plan order. WHY: a merge's largest tensors (the embeddings, last in a Llama plan) are also its
+    longest tasks; started last, the last one ran alone on one core while the other idled. Started first, the
+    small ones fill the other cores around them (TIES over four 0.4 GB models on 2 vCPUs: 4.5 -> 4.2 s of wall).
+    The writer's slots take tensors in any order, and every tensor's seed is its name's: the output is the same."""
     return sorted(tasks, key=lambda t: -task_numel(t) * len(t.sources) if t.compute else 0)
 
 
@@ -122,13 +119,17 @@ def replay_schedule(
     cpus: int,
     load: float = 0.0,
     slowness: float = 1.0,
+    kernel_ns: float = 0.0,
+    startup_s: float | None = None,
 ) -> ScheduleEstimate:
     """Replay the executor's admission rule (:func:`execution_order`; at most ``max_in_flight`` tasks and ``budget_bytes``
     working bytes in flight; one task over the budget runs alone) on ``min(workers, cpus)`` lanes, then stretch
     the time by the share of the ``cpus`` cores the merge gets beside ``load`` other runnable threads (the
     scheduler's fair share: ``cpus * k / (load + k)`` cores for ``k`` threads, once the cores are oversubscribed).
-    ``slowness``: this machine's CPU seconds per second of the calibration machine (:mod:`alloy.merge.speed`)."""
-    lanes = max(1, min(workers, max_in_flight, cpus))
+    ``slowness``: this machine's CPU seconds per second of the calibration machine (:mod:`alloy.merge.speed`);
+    ``kernel_ns``: the method's kernel on this machine, CPU ns per input element; ``startup_s``: the merge
+    process's start, measured (else STARTUP_S scaled by the slowness)."""
+    lanes = merge_lanes(workers, max_in_flight, cpus)
     running: list[tuple[float, int, int]] = []  # (finish time, order, working bytes)
     now = used = peak = 0.0
     cpu = 0.0
@@ -138,7 +139,7 @@ def replay_schedule(
         while running and (len(running) >= lanes or used + cost > budget_bytes):
             now, _, freed = heapq.heappop(running)
             used -= freed
-        seconds = compute_seconds(plan, task) * slowness
+        seconds = compute_seconds(plan, task, kernel_ns, slowness)
         cpu += seconds
         heapq.heappush(running, (now + seconds, order, cost))
         used += cost
@@ -147,9 +148,14 @@ def replay_schedule(
     end = max((finish for finish, _, _ in running), default=now)
     end = max(end, cpu / lanes)  # a lane finishing early does not give the others its core
     largest = max((working_bytes(plan, t) for t in tasks), default=0)
-    startup = STARTUP_S * slowness
+    startup = STARTUP_S * slowness if startup_s is None else startup_s
     wall = startup / cpu_share(1, cpus, load) + end * lanes / cpu_share(lanes, cpus, load)
     return ScheduleEstimate(int(BASE_RSS_BYTES + peak), wall, startup + cpu, largest)
+
+
+def merge_lanes(workers: int, max_in_flight: int, cpus: int) -> int:
+    """Merge threads at work at once: the executor's workers, at most its in-flight tasks and the cores."""
+    return max(1, min(workers, max_in_flight, cpus))
 
 
 def cpu_share(threads: int, cpus: int, load: float) -> float:

@@ -1,10 +1,11 @@
-"""How fast this machine runs merge arithmetic, relative to the machine the dry run's time constants were calibrated
-on (:mod:`alloy.merge.footprint`).
+"""How fast this machine runs merge work: a probe of memory-bound passes, relative to the machine the dry run's
+reading and writing constants were calibrated on (:mod:`alloy.merge.footprint`), and the recipe's own kernel timed
+here on synthetic inputs.
 
 WHY: the constants are CPU nanoseconds per element measured on one machine, and two VMs of the same kind ran the same
 merges 2.2x apart, so fixed constants made every time estimate 2x off on the slower one. A short probe of the same
-kind of work (memory-bound elementwise passes over pieces and a sort of a piece, as the kernels do) timed on this
-machine and divided by its time on the calibration machine scales the CPU estimates instead.
+kind of work (memory-bound elementwise passes over pieces and a sort of a piece, as the reading and writing do)
+timed on this machine and divided by its time on the calibration machine scales them instead.
 
 The probe runs on the calling thread only (its pieces are below torch's intra-op grain, so no op fans out to other
 threads), is timed in that thread's CPU seconds (what other processes do to the wall clock is the load's business,
@@ -13,10 +14,18 @@ threads), is timed in that thread's CPU seconds (what other processes do to the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from alloy.merge.executor import fix_mmap_threshold
+from alloy.merge.footprint import task_numel
+from alloy.merge.plan import MergePlan, TensorTask
+from alloy.merge.tensor_merge import compute_tensor, resolve_task_parameters
 
 PIECE = 32_000  # elements per op: below torch's intra-op grain (32,768), so every op runs on this thread
 PIECES = 64  # 2M elements, 8 MB per tensor: larger than the caches, as merge inputs are
@@ -49,3 +58,76 @@ def _probe_once(a: torch.Tensor, b: torch.Tensor) -> float:
 def slowness() -> float:
     """This machine's CPU seconds per calibration-machine CPU second for merge work (2.0: half as fast)."""
     return probe_seconds() / CALIBRATION_PROBE_S
+
+
+# --- the recipe's own kernel, timed on this machine ------------------------------------------------------------
+#
+# WHY: one slowness for every method was not enough. The probe above is memory-bound, and on a VM where it ran 0.8x
+# the calibration machine's time TIES and DELLA merges ran about 0.6x: their time is in selections and sorts, which
+# a machine can do relatively faster or slower than it streams memory. So a dry run times the method's kernel on
+# this machine, on synthetic inputs shaped like the plan's largest merged tensor (its rows whole, as many as make
+# PROBE_ELEMENTS), with the parameters the plan resolves for that tensor, and the calibrated constants keep only the
+# reading, converting and writing around the kernel, which the memory probe scales.
+
+# Per input: 16 MB of float32, so that the inputs outgrow a server's last-level cache as a merge's do (at 1M, 4 MB
+# each, the kernels ran up to 20% faster than on the real tensors). DELLA, the costliest, probes in about 0.8 s.
+PROBE_ELEMENTS = 1 << 22
+KERNEL_RUNS = 2
+_kernel_rates: dict[tuple, float] = {}
+
+
+def probe_task(plan: MergePlan) -> TensorTask | None:
+    """The merged tensor whose kernel the dry run times: the largest one the method computes (the time is in
+    those), not one whose rows are first aligned to a vocabulary (that copy is not the method's)."""
+    computed = [t for t in plan.tasks if t.compute and t.vocabulary is None]
+    return max(computed, key=task_numel, default=None)
+
+
+def probe_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` cut to about PROBE_ELEMENTS by whole rows (kernels that rank along rows see rows of the real
+    length); a 1-D tensor cut to PROBE_ELEMENTS."""
+    if len(shape) < 2:
+        return (min(shape[0] if shape else 1, PROBE_ELEMENTS),)
+    row = 1
+    for size in shape[1:]:
+        row *= size
+    return (max(1, min(shape[0], PROBE_ELEMENTS // max(row, 1))), *shape[1:])
+
+
+def kernel_ns_per_input_element(plan: MergePlan, task: TensorTask, threads: int = 1, lanes: int = 1) -> float:
+    """This machine's CPU nanoseconds per input element of ``plan``'s kernel on ``task``'s rows and parameters,
+    run by ``lanes`` merge threads at once with ``threads`` torch intra-op threads each, as the executor runs them
+    (side by side they share the memory bus and the interpreter's lock: on 2 vCPUs TIES's kernel took 6.2 ns per
+    element alone and 7.8 beside another): the fastest of KERNEL_RUNS runs, remembered per method, shape,
+    parameters, threads and lanes for this process."""
+    shared, per_input = resolve_task_parameters(plan, task)
+    shape = probe_shape(task.shape)
+    key: tuple = (plan.method.name, shape, len(task.sources), task.base_index, repr(shared), repr(per_input))
+    key += (task.dtype, plan.recipe.compute_dtype, plan.recipe.is_mergekit, threads, lanes)
+    if key not in _kernel_rates:
+        _kernel_rates[key] = _time_kernel(plan, dataclasses.replace(task, shape=shape), threads, lanes)
+    return _kernel_rates[key]
+
+
+def _time_kernel(plan: MergePlan, task: TensorTask, threads: int, lanes: int) -> float:
+    generator = torch.Generator().manual_seed(0)
+    dtype = task.dtype if task.dtype.is_floating_point else torch.float32
+    base = torch.randn(task.shape, generator=generator).mul_(0.02)
+    # fine-tunes: the base plus a small delta, as the models a merge combines are
+    inputs = [base] + [base + torch.randn(task.shape, generator=generator).mul_(0.002) for _ in task.sources[1:]]
+    inputs = [t.to(dtype) for t in inputs]
+    fix_mmap_threshold()  # the allocator as a merge runs it: its temporaries' page faults are part of its time
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with ThreadPoolExecutor(max_workers=lanes) as pool:
+            best = math.inf
+            for _ in range(KERNEL_RUNS):
+                copies = [[t.clone() for t in inputs] for _ in range(lanes)]  # the kernel may write into them
+                start = time.process_time()  # the process: every lane and intra-op thread counts
+                for done in [pool.submit(compute_tensor, plan, task, owned, owned=True) for owned in copies]:
+                    done.result()
+                best = min(best, time.process_time() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return best * 1e9 / (task_numel(task) * len(task.sources) * lanes)

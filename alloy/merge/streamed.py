@@ -35,6 +35,9 @@ PIECE_ELEMENTS = CHUNK
 # A tensor this large (elements) or larger is streamed; a smaller one is read whole (one pass over its inputs).
 STREAM_MIN_ELEMENTS = 4 * CHUNK
 STREAMED_METHODS = frozenset({"slerp", "task_arithmetic", "linear"})
+# Passes a streamed method reads its inputs in (the dry run's time estimate counts each): slerp's gram sums, then
+# its blend; the others one.
+READ_PASSES = {"slerp": 2}
 
 Pieces = Callable[[int, int], list[torch.Tensor]]  # (start, count) -> the inputs' elements, flat, in sources order
 
@@ -55,6 +58,11 @@ def streams(plan: MergePlan, task: TensorTask) -> bool:
         and not getattr(plan.method, "random", False)
         and all(split_reference(model)[1] is None for model, _ in task.sources)
     )
+
+
+def read_passes(plan: MergePlan, task: TensorTask) -> int:
+    """How many times the executor reads ``task``'s inputs: whole tensors once, streamed ones READ_PASSES."""
+    return READ_PASSES.get(plan.method.name, 1) if streams(plan, task) else 1
 
 
 def can_read_pieces(readers: Mapping[str, TensorReader], task: TensorTask) -> bool:
