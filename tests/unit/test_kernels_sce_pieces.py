@@ -63,3 +63,27 @@ def test_hand_computed_select_and_erase():
     models = [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, -2.0, 0.0]), torch.tensor([1.0, 0.0, 0.0])]
     got = sce_module.sce(base, models, 0.5)
     assert got.tolist() == [0.0, 2.0, 0.0]
+
+
+FINITE = [0.0, -0.0, 1e-45, -1e-45, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 3e38, -3e38]
+
+
+@pytest.mark.parametrize("weights", [[0.5, 0.25, 0.25], [1.0, -1.0, 0.5], [0.0, 1.0], [1.0], [0.2, 0.3, 0.0, 0.5]])
+def test_the_float_only_erase_gives_the_reference_bits_on_finite_pieces(weights):
+    """Signed zeros, denormals, sums that cancel or overflow, zero and negative weights: the float-only erase
+    answers with erase's bits, or None (overflowed or non-finite sums) for the caller to take erase."""
+    generator = torch.Generator().manual_seed(len(weights))
+    answered = 0
+    for trial in range(200):
+        values = torch.tensor(FINITE if trial % 2 else FINITE[:-2])  # with 3e38, most pieces' sums overflow
+        pick = [torch.randint(len(values), (16,), generator=generator) for _ in weights]
+        deltas = [values[p] for p in pick]
+        base = values[torch.randint(len(values), (16,), generator=generator)]
+        fast = sce_module.finite_erase([d.clone() for d in deltas], weights, base)
+        if fast is None:
+            continue
+        answered += 1
+        assert torch.equal(bits(fast), bits(sce_module.erase([d.clone() for d in deltas], weights, base)))
+    assert answered > 100
+    infinite = [torch.tensor([1.0, float("inf")]), torch.tensor([1.0, 2.0])]
+    assert sce_module.finite_erase(infinite, [0.5, 0.5], torch.zeros(2)) is None
