@@ -223,3 +223,23 @@ def test_stable_reductions_do_not_depend_on_thread_count():
         torch.set_num_threads(before)
     assert one == two
     assert math.isclose(one[1], float((x.double() * y.double()).sum()), rel_tol=1e-12)
+
+
+def test_stable_reductions_reuse_their_threads_scratch_and_keep_their_values():
+    """A merge takes a norm or a dot of every delta: the float64 chunks are the calling thread's, kept from one call
+    to the next (fresh ones cost their page faults every call), another thread gets its own, and a call's values
+    do not depend on what the previous call left in them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernels import reductions
+
+    x, y = torch.randn(2_000_003, generator=gen(7)), torch.randn(2_000_003, generator=gen(8))
+    first = stable_dot(x, y).item()
+    kept = [b.data_ptr() for b in reductions._kept.buffers]
+    assert math.isclose(stable_sum(y).item(), float(y.double().sum()), rel_tol=1e-12)  # between: another call
+    assert stable_dot(x, y).item() == first
+    assert [b.data_ptr() for b in reductions._kept.buffers] == kept
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(lambda: (stable_dot(x, y).item(), [b.data_ptr() for b in reductions._kept.buffers]))
+        value, theirs = other.result()
+    assert value == first and not set(theirs) & set(kept)
