@@ -118,21 +118,28 @@ def random_drop_(owned: torch.Tensor, drop_rate: float, rescale: bool, generator
     if drop_rate <= 0:
         return owned
     flat = owned.view(-1)
-    draws, keep = _draw_buffers(flat.numel()), torch.empty(min(MASK_PIECE, flat.numel()), dtype=torch.bool)
-    for start in range(0, flat.numel(), MASK_PIECE):
-        piece = flat[start : start + MASK_PIECE]
-        count = piece.numel()
-        uniform_draws = torch.rand(count, generator=generator, out=draws[:count])
-        piece.mul_(torch.ge(uniform_draws, drop_rate, out=keep[:count]).to(owned.device))
+    keep = None
+    for start, draws in _uniform_pieces(flat.numel(), generator, owned.device):
+        count = draws.numel()
+        if keep is None:  # one mask buffer for every piece (the first piece is the largest)
+            keep = torch.empty(count, dtype=torch.bool, device=draws.device)
+        flat[start : start + count].mul_(torch.ge(draws, drop_rate, out=keep[:count]))
     if rescale and drop_rate < 1:
         owned.mul_(1.0 / (1.0 - drop_rate))
     return owned
 
 
-def _draw_buffers(numel: int) -> torch.Tensor:
-    """One piece of draws, reused for every piece of a tensor. WHY: a fresh RANDOM_CHUNK of draws per call is a new
-    4 MB map, and its page faults were half of DARE's system time (1.5 of 3.3 s on four 0.4 GB models)."""
-    return torch.empty(min(MASK_PIECE, numel), dtype=torch.float32)
+def _uniform_pieces(numel: int, generator: torch.Generator, device: torch.device):
+    """``(start, draws)`` for consecutive pieces of a tensor's uniform draws (drawn on the CPU), on ``device``. On
+    the CPU a cache-sized piece at a time into one reused buffer (WHY: a fresh RANDOM_CHUNK of draws per call is a
+    new 4 MB map, and its page faults were half of DARE's system time, 1.5 of 3.3 s on four 0.4 GB models);
+    elsewhere RANDOM_CHUNK at a time, each moved over once (fewer, larger copies)."""
+    size = MASK_PIECE if device.type == "cpu" else RANDOM_CHUNK
+    buffer = torch.empty(min(size, numel), dtype=torch.float32)
+    for start in range(0, numel, size):
+        count = min(size, numel - start)
+        draws = torch.rand(count, generator=generator, out=buffer[:count])
+        yield start, draws if device.type == "cpu" else draws.to(device)
 
 
 # --- mergekit 0.1.5 sparsifiers (used by kernels.gta) ----------------------------------------------------------
@@ -178,18 +185,17 @@ def _draw_keep_(owned: torch.Tensor, probability: torch.Tensor | float, generato
     -0, a dropped inf NaN)."""
     flat = owned.view(-1)
     flat_probability = probability.reshape(-1) if isinstance(probability, torch.Tensor) else None
-    draws = _draw_buffers(flat.numel())
-    difference = torch.empty_like(draws)
-    for start in range(0, flat.numel(), MASK_PIECE):
-        piece = flat[start : start + MASK_PIECE]
-        count = piece.numel()
-        uniform_draws = torch.rand(count, generator=generator, out=draws[:count])
+    difference = None
+    for start, draws in _uniform_pieces(flat.numel(), generator, owned.device):
+        count = draws.numel()
+        if difference is None:  # one buffer for every piece (the first piece is the largest)
+            difference = torch.empty_like(draws)
         if flat_probability is None:  # in float32, as ``draws < probability`` compares
-            keep = difference[:count].fill_(float(probability)).sub_(uniform_draws)
+            keep = difference[:count].fill_(float(probability)).sub_(draws)
         else:
-            part = flat_probability[start : start + count].to(device="cpu", dtype=torch.float32)
-            keep = torch.sub(part, uniform_draws, out=difference[:count])
-        piece.mul_(_below_as_float_(keep).to(owned.device))
+            part = flat_probability[start : start + count].to(torch.float32)
+            keep = torch.sub(part, draws, out=difference[:count])
+        flat[start : start + count].mul_(_below_as_float_(keep))
     return owned
 
 

@@ -41,3 +41,18 @@ def test_masks_are_those_of_the_former_whole_draws():
     kept = x * (former < sparsify.della_keep_probability(x, 0.4, 0.1))
     expected = sparsify._rescale_l1_(kept, float(sparsify.stable_abs_sum(x)))
     assert torch.equal(della_prune_(x.clone(), 0.4, 0.1, torch.Generator().manual_seed(8), True), expected)
+
+
+def test_draw_pieces_are_cache_sized_on_the_cpu_and_whole_chunks_elsewhere():
+    """The masks' draws come a cache-sized piece at a time into one reused buffer on the CPU, and RANDOM_CHUNK at a
+    time (each moved over once) for another device; either way entry i gets the i-th draw."""
+    numel = 2 * sparsify.RANDOM_CHUNK + 7
+    starts, pointers, values = [], set(), []
+    for start, piece in sparsify._uniform_pieces(numel, torch.Generator().manual_seed(5), torch.device("cpu")):
+        starts.append(start)
+        pointers.add(piece.data_ptr())
+        values.append(piece.clone())
+    assert starts == list(range(0, numel, sparsify.MASK_PIECE)) and len(pointers) == 1
+    assert torch.equal(torch.cat(values), draws(numel, FORMER_CHUNK, 5))
+    elsewhere = [start for start, _ in sparsify._uniform_pieces(numel, torch.Generator(), torch.device("meta"))]
+    assert elsewhere == [0, sparsify.RANDOM_CHUNK, 2 * sparsify.RANDOM_CHUNK]
