@@ -232,9 +232,9 @@ def _run_tasks(
     workers: int,
     out_dir: Path,
 ) -> None:
-    """Submit tasks in :func:`alloy.merge.footprint.execution_order` while fewer than ``max_in_flight`` tasks and ``max_in_flight_bytes`` working
-    bytes are in flight (a task larger than the byte budget runs alone); report each completion in order of
-    completion from this thread. :func:`alloy.merge.footprint.replay_schedule` replays this rule: keep them
+    """Submit tasks in :func:`alloy.merge.footprint.execution_order` while fewer than ``max_in_flight`` tasks and
+    ``max_in_flight_bytes`` working bytes are in flight (a task larger than the byte budget runs alone); report
+    each completion in order of completion from this thread. :func:`alloy.merge.footprint.replay_schedule` replays this rule: keep them
     in step."""
     total = len(plan.tasks)
     done = 0

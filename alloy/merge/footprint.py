@@ -38,7 +38,7 @@ WORK_FACTOR = {
     "ties": 0.5,
     "breadcrumbs": 0.75,
     "breadcrumbs_ties": 0.75,
-    "dare_linear": 0.5,  # draws a megabyte of noise at a time (kernels.sparsify.RANDOM_CHUNK)
+    "dare_linear": 0.5,  # draws its noise a piece at a time (kernels.sparsify.MASK_PIECE)
     "dare_ties": 0.5,
     "della": 0.5,  # ranks, draws and masks a block of rows at a time (kernels.sparsify)
     "della_linear": 0.5,
@@ -122,10 +122,11 @@ def replay_schedule(
     kernel_ns: float = 0.0,
     startup_s: float | None = None,
 ) -> ScheduleEstimate:
-    """Replay the executor's admission rule (:func:`execution_order`; at most ``max_in_flight`` tasks and ``budget_bytes``
-    working bytes in flight; one task over the budget runs alone) on ``min(workers, cpus)`` lanes, then stretch
-    the time by the share of the ``cpus`` cores the merge gets beside ``load`` other runnable threads (the
-    scheduler's fair share: ``cpus * k / (load + k)`` cores for ``k`` threads, once the cores are oversubscribed).
+    """Replay the executor's admission rule (:func:`execution_order`; at most ``max_in_flight`` tasks and
+    ``budget_bytes`` working bytes in flight; one task over the budget runs alone) on :func:`merge_lanes` lanes,
+    then stretch the time by the share of the ``cpus`` cores the merge gets beside ``load`` other runnable threads
+    (the scheduler's fair share: ``cpus * k / (load + k)`` cores for ``k`` threads, once the cores are
+    oversubscribed).
     ``slowness``: this machine's CPU seconds per second of the calibration machine (:mod:`alloy.merge.speed`);
     ``kernel_ns``: the method's kernel on this machine, CPU ns per input element; ``startup_s``: the merge
     process's start, measured (else STARTUP_S scaled by the slowness)."""

@@ -69,8 +69,9 @@ def slowness() -> float:
 # PROBE_ELEMENTS), with the parameters the plan resolves for that tensor, and the calibrated constants keep only the
 # reading, converting and writing around the kernel, which the memory probe scales.
 
-# Per input: 16 MB of float32, so that the inputs outgrow a server's last-level cache as a merge's do (at 1M, 4 MB
-# each, the kernels ran up to 20% faster than on the real tensors). DELLA, the costliest, probes in about 0.8 s.
+# Per input: 16 MB of float32, so that a tensor's fixed costs (the top-k's sample, each call's dispatch) weigh about
+# as little as on a merge's large tensors (at 1M entries TIES and breadcrumbs probed 20% slower than at 4M) and the
+# inputs outgrow the last-level cache as a merge's do. DELLA, the costliest, probes in about 0.8 s.
 PROBE_ELEMENTS = 1 << 22
 KERNEL_RUNS = 2
 _kernel_rates: dict[tuple, float] = {}
@@ -111,6 +112,7 @@ def kernel_ns_per_input_element(plan: MergePlan, task: TensorTask, threads: int 
 
 def _time_kernel(plan: MergePlan, task: TensorTask, threads: int, lanes: int) -> float:
     generator = torch.Generator().manual_seed(0)
+    # the output's dtype: a plan knows its inputs' dtypes only model by model, and they are the output's as a rule
     dtype = task.dtype if task.dtype.is_floating_point else torch.float32
     base = torch.randn(task.shape, generator=generator).mul_(0.02)
     # fine-tunes: the base plus a small delta, as the models a merge combines are
