@@ -43,6 +43,13 @@ WORK_FACTOR = {
     "della": 0.5,  # ranks, draws and masks a block of rows at a time (kernels.sparsify)
     "della_linear": 0.5,
     "sce": 1.5,  # the variance whole (its top-k), a byte-per-entry mask; the rest by pieces (kernels.sce)
+    # The SVD methods hold float64 factors: each task's U (2 units for a tall matrix), their concatenation and its
+    # polar factor. Measured on one 24000 x 1024 tensor with 3 tasks (kernel peak less its inputs; a whole merge of
+    # 4 x 0.40 GB models peaked at 2.67 and 2.90 GB against 1.0 GB estimated with the default): TSV-M 20.1, Iso-C
+    # 13.3, Iso-CTS 22.1. TSV-M's grows by about 2 a task (every task's U is alive until the concatenation).
+    "tsv": 20.5,
+    "iso_c": 13.5,
+    "iso_cts": 22.5,
 }
 DEFAULT_WORK_FACTOR = 4.0
 # Scratch of a kernel's whole-tensor sums, per element of at most one chunk (kernels.reductions.CHUNK) of its

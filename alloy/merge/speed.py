@@ -74,6 +74,9 @@ def slowness() -> float:
 # inputs outgrow the last-level cache as a merge's do. DELLA, the costliest, probes in about 0.8 s.
 PROBE_ELEMENTS = 1 << 22
 KERNEL_RUNS = 2
+# A run this long is timed once: its noise is small beside it, and a second would double the dry run (an SVD
+# method's kernel, TSV-M on a 4096 x 1024 probe: about 6 s a run on 2 vCPUs).
+SLOW_RUN_S = 0.25
 _kernel_rates: dict[tuple, float] = {}
 
 
@@ -130,6 +133,8 @@ def _time_kernel(plan: MergePlan, task: TensorTask, threads: int, lanes: int) ->
                 for done in [pool.submit(compute_tensor, plan, task, owned, owned=True) for owned in copies]:
                     done.result()
                 best = min(best, time.process_time() - start)
+                if best >= SLOW_RUN_S * lanes:
+                    break
     finally:
         torch.set_num_threads(previous)
     return best * 1e9 / (task_numel(task) * len(task.sources) * lanes)
