@@ -212,3 +212,31 @@ def test_the_report_gives_the_slowness_its_times_were_scaled_by(family):
     recipe = ties_recipe(base, tunes)
     report = dry_run(recipe, manifests_of(recipe), **LIMITS)
     assert report.estimates.machine_slowness > 0
+
+
+def test_a_slow_kernel_is_timed_once(family, monkeypatch):
+    """A run past SLOW_RUN_S is not repeated (an SVD method's probe run takes seconds); a quick one is."""
+    import time
+
+    base, tunes = family
+    recipe = ties_recipe(base, tunes)
+    plan = prepare(recipe, manifests_of(recipe))
+    task = dataclasses.replace(speed.probe_task(plan), shape=(4, 4))
+    calls = []
+
+    def busy(seconds):
+        def kernel(*args, **kwargs):
+            calls.append(1)
+            start = time.process_time()
+            while time.process_time() - start < seconds:
+                pass
+
+        return kernel
+
+    monkeypatch.setattr(speed, "compute_tensor", busy(speed.SLOW_RUN_S + 0.05))
+    speed._time_kernel(plan, task, 1, 1)
+    assert len(calls) == 1
+    calls.clear()
+    monkeypatch.setattr(speed, "compute_tensor", busy(0.0))
+    speed._time_kernel(plan, task, 1, 1)
+    assert len(calls) == speed.KERNEL_RUNS
