@@ -17,7 +17,7 @@ import pytest
 from alloy.config import MergeSettings, load_settings
 from alloy.control.merge_fanout import RayGroupLauncher
 from alloy.jobs.liveness import sweep_orphans
-from alloy.jobs.merge_fanout import FanoutCoordinator
+from alloy.jobs.merge_fanout import DEFAULT_RETRIES, FanoutCoordinator
 from alloy.jobs.merge_request import MergeRequest
 from alloy.jobs.merge_runner import MergeJobRunner
 from alloy.jobs.records import JobKind, JobState
@@ -138,11 +138,13 @@ def test_a_failed_group_is_retried_and_the_output_is_unchanged(fanout_setup, tmp
     record = _runner(fanout_setup, _KillFirstAttempt(load, num_cpus=0.25)).run(job.id)
     assert record.state is JobState.COMPLETED, record.error
     attempts = {g["index"]: g["attempt"] for g in record.result["merge"]["groups"]}
-    # Group 1 ran twice. A neighbour may have too: Ray's force-cancel of group 1 as it starts can take down the
-    # worker process that group 2 was handed (one CI run: group 2 failed with WorkerCrashedError as group 1 was
-    # killed; Ray reuses a leased worker for queued tasks of the same resource shape). A dead worker is what the
-    # retries are for; what may not happen is a group run a third time or an output that differs.
-    assert attempts[1] == 1 and set(attempts) == {0, 1, 2} and max(attempts.values()) == 1, attempts
+    # Group 1 ran again. Ray's force-cancel of group 1 as it starts kills the worker process leased to it, and Ray
+    # reuses a leased worker for queued tasks of the same resource shape, so the dying worker may take one more
+    # task down with it: group 2's first run (one CI run: WorkerCrashedError) or group 1's own second (another:
+    # attempts {0: 0, 1: 2, 2: 0}). A dead worker is what the retries are for; what may not happen is a group run
+    # past the retry policy or an output that differs.
+    assert set(attempts) == {0, 1, 2} and attempts[1] >= 1, attempts
+    assert max(attempts.values()) <= DEFAULT_RETRIES and sum(attempts.values()) <= 2, attempts
     clean = jobs.create(JobKind.MERGE, _request("fan-clean", "dare_ties").model_dump(mode="json"))
     assert _runner(fanout_setup).run(clean.id).state is JobState.COMPLETED
     assert _digests(_published(models, "fan-retried", tmp_path / "a")) == _digests(
