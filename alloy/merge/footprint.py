@@ -47,7 +47,7 @@ WORK_FACTOR = {
     # polar factor, and LAPACK's workspace. Measured as the kernel's peak less its inputs on one tall tensor with 3
     # tasks (24000 x 1024, 8000 x 512, 4000 x 512): TSV-M 20.1-23.1, Iso-C 13.3-20.6, Iso-CTS 22.1-32.6 (a whole
     # merge of 4 x 0.40 GB models peaked at 2.67 and 2.90 GB for TSV-M and Iso-CTS, against 1.0 GB estimated with
-    # the default factor, which also let the executor run their mid-size tensors 5x over its budget). The middle
+    # the default factor, which also let the executor run their mid-size tensors about 3x over its budget). The middle
     # of each range: an estimate within 25% on the bench's shapes, the budget kept within about 20% on smaller ones.
     "tsv": 21.5,
     "iso_c": 17.5,
