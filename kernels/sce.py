@@ -9,7 +9,6 @@ dtype of mergekit's masks (memory); it changes nothing here.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -19,6 +18,7 @@ from kernels.gta_reduced import agreement
 from kernels.reductions import stable_dot
 from kernels.sparsify import top_k_mask
 from kernels.task_arithmetic import task_vector
+from kernels.ties import elected_side
 
 WEIGHT_SUM_EPS = 1e-6
 DIVISOR_FLOOR = 1e-6
@@ -78,12 +78,9 @@ def finite_erase(deltas: Sequence[torch.Tensor], weights: Sequence[float], base:
     delta -0, which agrees with neither side), ``agrees`` as a float is ``sign(max(delta * side, 0))`` and
     ``delta * agrees`` is ``copysign(max(delta * side, 0), delta)``; each is added with the same ``alpha`` op as
     in :func:`erase`, so every sum rounds as there."""
-    elected = torch.add(deltas[0], deltas[1]) if len(deltas) > 1 else deltas[0].clone()
-    for delta in deltas[2:]:
-        elected.add_(delta)
-    if not math.isfinite(float(elected.sum())):  # also a finite sum that overflows: the general path is exact
+    side = elected_side(deltas)
+    if side is None:  # a sum not finite: the general path is exact
         return None
-    side = torch.copysign(torch.ones_like(elected), elected, out=elected)
     divisor = torch.zeros_like(side)
     mixed = torch.zeros_like(side)
     kept = torch.empty_like(side)

@@ -40,6 +40,17 @@ def sign_consensus(
     return mixed.add_(base.to(torch.float32))
 
 
+def elected_side(deltas: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``copysign(1, sum of the deltas)`` entry by entry (a new tensor; the sum taken in the deltas' order), or None
+    when a sum is not finite (also when a large finite sum overflows): the float-only paths' elected sign."""
+    elected = torch.add(deltas[0], deltas[1]) if len(deltas) > 1 else deltas[0].clone()
+    for delta in deltas[2:]:
+        elected.add_(delta)
+    if not math.isfinite(float(elected.sum())):
+        return None
+    return torch.copysign(torch.ones_like(elected), elected, out=elected)
+
+
 def finite_sign_consensus_(
     base: torch.Tensor,
     weighted_deltas: Sequence[torch.Tensor],
@@ -56,14 +67,9 @@ def finite_sign_consensus_(
     ``delta * agrees`` is ``copysign(max(delta * sign, 0), delta)`` (kept: ``|delta|`` with delta's sign; dropped:
     zero with delta's sign, as ``delta * 0``); ``agrees`` as a float is ``sign(max(delta * sign, 0))``, whose zero
     may be -0 (it only adds zero to the divisor, whose zeros are replaced by 1 whatever their sign)."""
-    elected = torch.add(weighted_deltas[0], weighted_deltas[1]) if len(weighted_deltas) > 1 else None
-    if elected is None:
-        elected = weighted_deltas[0].clone()
-    for delta in weighted_deltas[2:]:
-        elected.add_(delta)
-    if not math.isfinite(float(elected.sum())):  # also when a large finite sum overflows: the general path is exact
+    side = elected_side(weighted_deltas)
+    if side is None:
         return None
-    side = torch.copysign(torch.ones_like(elected), elected, out=elected)
     divisor = torch.zeros_like(side) if normalize else None
     kept = torch.empty_like(side)
     for delta, weight in zip(weighted_deltas, weights):
