@@ -138,6 +138,9 @@ def merge(
 
     Free disk space is checked first (INSUFFICIENT_STORAGE); SIGINT or SIGTERM cancels and leaves nothing
     behind. Errors print as ``Error: CODE: message`` with a non-zero exit status."""
+    from alloy.merge.allocator import use_huge_pages
+
+    use_huge_pages()  # before torch's first allocation in this process (the dry run's kernel probe runs as a merge)
     if dry_run:
         from alloy.cli.merge_dry_run import print_dry_run
 

@@ -27,6 +27,7 @@ from alloy.control.ports import WORKER_PORT_SPAN, pick_port_block
 from alloy.control.ray_head import RayHead, node_resource_args, stop_process_tree
 from alloy.errors import AlloyError, ErrorCode
 from alloy.http_port import port_is_free
+from alloy.merge.allocator import TORCH_ENV
 
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's own marker resource of the head node
 WORKER_PORT_FLAGS = (
@@ -175,7 +176,7 @@ def start_ray_worker(
     log = open(temp_dir / f"ray-{name}.log", "ab")
     process = subprocess.Popen(
         command,
-        env={**os.environ, **node_env, **head.env, "RAY_USAGE_STATS_ENABLED": "0"},
+        env={**TORCH_ENV, **os.environ, **node_env, **head.env, "RAY_USAGE_STATS_ENABLED": "0"},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -30,6 +30,7 @@ from alloy.control import ray_private
 from alloy.control.ports import WORKER_PORT_SPAN, pick_port_block
 from alloy.errors import AlloyError, ErrorCode
 from alloy.http_port import port_is_free
+from alloy.merge.allocator import TORCH_ENV
 
 RAY_PORT_FLAGS = (
     "port",
@@ -73,6 +74,7 @@ class RayHead:
 # the plain FastAPI app before, x1.77-2.05 after), p99 and throughput better too. Only the proxy reads it; handles
 # between deployments keep their default transport.
 SERVE_ENV = {"RAY_SERVE_PROXY_USE_GRPC": "1"}
+# Every node we start also passes TORCH_ENV to its workers (they merge: alloy.merge.allocator).
 
 
 def auth_env(token: str | None = None) -> dict[str, str]:
@@ -133,7 +135,7 @@ def start_ray_head(
     for flag, port in ports.items():
         command += [f"--{flag}", str(port)]
 
-    child_env = {**SERVE_ENV, **os.environ, **(extra_env or {}), **env, "RAY_USAGE_STATS_ENABLED": "0"}
+    child_env = {**SERVE_ENV, **TORCH_ENV, **os.environ, **(extra_env or {}), **env, "RAY_USAGE_STATS_ENABLED": "0"}
     output = open(log_file or temp_dir / "ray-head.log", "ab")
     process = subprocess.Popen(command, env=child_env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     head = RayHead(

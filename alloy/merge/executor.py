@@ -11,7 +11,6 @@ complete: a failure or a cancel leaves nothing at ``out_dir`` and no staging fol
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import shutil
 import threading
@@ -25,6 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found
+from alloy.merge.allocator import fix_mmap_threshold
 from alloy.merge.compatibility import check_compatibility, check_layouts
 from alloy.merge.footprint import execution_order, working_bytes
 from alloy.merge.lora import LoraSource, TensorReader, model_folder, open_readers
@@ -54,8 +54,6 @@ DEFAULT_MAX_IN_FLIGHT = 4
 DEFAULT_MAX_IN_FLIGHT_BYTES = 512 * 1024**2  # working bytes (footprint.working_bytes) of the tasks in flight
 DEFAULT_WORKERS = 2
 CANCEL_POLL_S = 0.1
-MMAP_THRESHOLD_BYTES = 1024**2  # glibc: blocks this large come from mmap and go back to the OS when freed
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
 class MergeCancelled(RuntimeError):
@@ -102,18 +100,6 @@ def resolve_device(device: str | None) -> str:
             ErrorCode.VALIDATION_FAILED, f"unknown device {device!r} (cpu, cuda, cuda:N)", {"field": "device"}
         )
     return device
-
-
-def fix_mmap_threshold() -> None:
-    """Pin glibc's mmap threshold. By default it grows to the largest block freed so far (up to 32 MiB), after
-    which tensors of that size come from the heap and their pages stay resident after they are freed: the peak
-    resident set then depends on the order tensors were freed in, not on the budget. Pinned, every tensor buffer
-    is its own map, returned when freed. Nothing happens off glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    except (OSError, AttributeError):
-        pass
 
 
 def prepare(recipe: MergeRecipe, manifests: Mapping[str, ModelManifest], rows: RowPlanner | None = None) -> MergePlan:

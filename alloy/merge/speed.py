@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from alloy.merge.executor import fix_mmap_threshold
+from alloy.merge.allocator import fix_mmap_threshold
 from alloy.merge.footprint import task_numel
 from alloy.merge.plan import MergePlan, TensorTask
 from alloy.merge.tensor_merge import compute_tensor, resolve_task_parameters
