@@ -19,13 +19,11 @@ import torch
 
 from kernels import sparsify
 from kernels.gta_reduced import generalized_task_arithmetic_in
+from kernels.pieces import PIECE
 from kernels.task_arithmetic import split_base, task_vector
 from kernels.ties import finite_sign_consensus_, sign_consensus
 
-# Elements per piece of the sign consensus: a few pieces of every delta fit in a 1 MiB L2 cache, and the piece is
-# below torch's intra-op grain (32768), so no OpenMP barrier per small op (the executor runs tensors in parallel).
-# (32000 rather than 16384: half the per-op dispatch cost, measured 0.28 -> 0.22 s on 3 x 24000x1024.)
-CONSENSUS_CHUNK = 32000
+CONSENSUS_CHUNK = PIECE  # elements per piece of the sign consensus (kernels.pieces)
 NORMALIZE_EPS = 1e-8  # without consensus, a weight sum this close to zero is not divided by (mergekit's rule)
 
 # (delta owned, this model's resolved parameters, rescale, generator) -> the pruned delta

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels import selection
+from kernels import pieces, selection
 from kernels.gta_reduced import agreement
 from kernels.reductions import stable_dot
 from kernels.sparsify import top_k_mask
@@ -139,7 +139,7 @@ def sce_by_pieces(base: torch.Tensor, deltas: list[torch.Tensor], select_topk: f
     return deltas[0]
 
 
-PIECE = 32000  # elements per step of sce_by_pieces: its temporaries stay in cache
+PIECE = pieces.PIECE  # elements per step of sce_by_pieces: its temporaries stay in cache
 
 
 def _pieces(numel: int):

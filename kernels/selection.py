@@ -28,10 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-# Elements per piece: cache-resident across the per-piece passes, and below torch's intra-op grain (32768), so
-# every op on a piece runs on the calling thread. The executor already merges tensors on parallel threads; on a
-# busy machine the OpenMP barrier of each small parallel op cost more than it saved (measured 3-10x per op).
-CHUNK = 32000
+from kernels.pieces import PIECE
+
+CHUNK = PIECE  # elements per piece: cache-resident across the per-piece passes (kernels.pieces)
 HISTOGRAM_CHUNK = 1 << 20  # larger pieces for the radix path: each bincount clears and adds up to 2**16 bins
 SAMPLE = 1 << 16  # keys drawn to bracket the threshold
 SAMPLE_SEED = 0x5E1EC7  # fixed: the sample (hence only the speed, never the result) is a function of the tensor

@@ -11,6 +11,7 @@ import torch
 
 from kernels import selection
 from kernels.errors import InvalidParameterError
+from kernels.pieces import PIECE
 from kernels.reductions import stable_abs_sum
 
 # Entry i of a tensor gets the i-th uniform draw of its generator whatever the sizes of the ``torch.rand`` calls:
@@ -18,7 +19,7 @@ from kernels.reductions import stable_abs_sum
 # against the 2**24-element calls every mask was drawn with before). So the masks draw a cache-sized piece at a
 # time into one reused buffer, and the few whole-tensor draws (:func:`uniform`) RANDOM_CHUNK at a time.
 RANDOM_CHUNK = 1 << 20
-MASK_PIECE = 32000  # elements per draw and float-mask step: in cache, and below torch's intra-op grain
+MASK_PIECE = PIECE  # elements per draw and float-mask step (kernels.pieces)
 
 
 def keep_count(density: float, numel: int) -> int:
