@@ -240,3 +240,16 @@ def test_a_slow_kernel_is_timed_once(family, monkeypatch):
     monkeypatch.setattr(speed, "compute_tensor", busy(0.0))
     speed._time_kernel(plan, task, 1, 1)
     assert len(calls) == speed.KERNEL_RUNS
+
+
+def test_a_task_over_the_budget_is_replayed_faster_on_more_lanes(family):
+    """A 1-byte budget: every task runs alone, on every lane's cores (footprint.alone_speedup); the CPU seconds
+    are the same."""
+    base, tunes = family
+    recipe = ties_recipe(base, tunes)
+    plan = prepare(recipe, manifests_of(recipe))
+    limits = {"max_in_flight": 4, "budget_bytes": 1, "cpus": 2, "startup_s": 0.0, "kernel_ns": 10.0}
+    one = replay_schedule(plan, plan.tasks, workers=1, **limits)
+    two = replay_schedule(plan, plan.tasks, workers=2, **limits)
+    assert two.cpu_s == pytest.approx(one.cpu_s)
+    assert two.wall_s == pytest.approx(one.wall_s / footprint.alone_speedup(2)) and two.wall_s < one.wall_s

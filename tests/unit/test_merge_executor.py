@@ -285,3 +285,40 @@ def test_the_longest_tensors_start_first_and_the_output_is_the_plans(family, tmp
     execute_merge(ties, family, tmp_path / "two")  # two threads, finishing in any order
     one, two = load_weights(tmp_path / "one"), load_weights(tmp_path / "two")
     assert one.keys() == two.keys() and all(torch.equal(one[n], two[n]) for n in one)
+
+
+def test_a_task_over_the_budget_takes_every_merge_threads_cores_and_gives_the_same_bytes(family, tmp_path, monkeypatch):
+    """With a 1-byte budget every task runs alone: on two cores it runs with two intra-op threads, reads and
+    writes on threads (its output written in two pieces), and the files are those of a one-thread merge; the
+    caller's thread count is restored."""
+    import alloy.merge.executor as executor
+
+    ties = recipe("ties", ["base", "t1", "t2"], parameters={"density": 0.5})
+    execute_merge(ties, family, tmp_path / "one", workers=1, max_in_flight=1)
+    monkeypatch.setattr(executor, "usable_cores", lambda: 2)
+    threads_seen = []
+    compute = executor.compute_tensor
+
+    def recording(*args, **kwargs):
+        threads_seen.append(torch.get_num_threads())
+        return compute(*args, **kwargs)
+
+    monkeypatch.setattr(executor, "compute_tensor", recording)
+    pieces = []
+    write_range = executor.ShardedWriter.write_range
+    monkeypatch.setattr(
+        executor.ShardedWriter,
+        "write_range",
+        lambda self, name, start, piece: pieces.append(name) or write_range(self, name, start, piece),
+    )
+    before = torch.get_num_threads()
+    execute_merge(ties, family, tmp_path / "alone", workers=2, max_in_flight_bytes=1)
+    assert torch.get_num_threads() == before == 1
+    assert threads_seen and set(threads_seen) == {2}
+    computed = [t for t in load_weights(tmp_path / "one") if t in set(pieces)]
+    assert computed and all(pieces.count(name) == 2 for name in computed)
+    one, alone = load_weights(tmp_path / "one"), load_weights(tmp_path / "alone")
+    assert one.keys() == alone.keys() and all(torch.equal(one[n], alone[n]) for n in one)
+    threads_seen.clear()
+    execute_merge(ties, family, tmp_path / "budget")  # the default budget holds every tiny tensor: none alone
+    assert set(threads_seen) == {1}
