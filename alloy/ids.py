@@ -116,6 +116,12 @@ SOURCE_PATH_PATTERN = rf"^(?:{_PATH_COMPONENT}/)*{_PATH_COMPONENT}$"
 SourcePath = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_LENGTH, pattern=SOURCE_PATH_PATTERN)]
 
 
+def expand_home(text: str | os.PathLike[str]) -> Path:
+    """A client's local path with a leading ``~`` or ``~user`` expanded where that home exists, else as written.
+    WHY not ``Path.expanduser``: it raises RuntimeError for an unknown user (``~w,:d/x`` from the fuzzer was a 500)."""
+    return Path(os.path.expanduser(os.fspath(text)))
+
+
 def confined_path(
     candidate: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]], *, kind: str = "path"
 ) -> Path:

@@ -16,11 +16,12 @@ from typing import Any, NoReturn
 import click
 
 from alloy.errors import AlloyError, ErrorCode
+from alloy.ids import expand_home
 from alloy.storage.disk_space import SpaceNeed, merge_output_bytes, require_free_space, storage_error
 
 
 def resolve_model_path(reference: str, recipe_dir: Path) -> Path:
-    for candidate in (Path(reference).expanduser(), recipe_dir / reference):
+    for candidate in (expand_home(reference), recipe_dir / reference):
         if (candidate / "config.json").is_file():
             return candidate.resolve()
     raise AlloyError(
@@ -31,7 +32,7 @@ def resolve_model_path(reference: str, recipe_dir: Path) -> Path:
 
 
 def resolve_adapter_path(reference: str, recipe_dir: Path) -> Path:
-    for candidate in (Path(reference).expanduser(), recipe_dir / reference):
+    for candidate in (expand_home(reference), recipe_dir / reference):
         if candidate.is_dir():
             return candidate.resolve()
     raise AlloyError(ErrorCode.MODEL_NOT_FOUND, f"adapter {reference!r} is not a local folder", {"model_id": reference})

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from alloy.errors import AlloyError, ErrorCode, from_validation_error, not_found, validation_failed
-from alloy.ids import SPLIT_PATTERN, outside_roots
+from alloy.ids import SPLIT_PATTERN, expand_home, outside_roots
 from alloy.registry.ids import check_id
 from alloy.storage.artifact_catalog import ArtifactCatalog
 from alloy.storage.artifacts import ArtifactStore
@@ -162,7 +162,7 @@ class DatasetRegistry:
         for name, path in mapping.items():
             if not isinstance(name, str) or not SPLIT_PATTERN.fullmatch(name):
                 raise validation_failed(f"invalid split name {name!r}", split=name)
-            resolved = Path(path).expanduser().resolve()
+            resolved = expand_home(path).resolve()
             if self.roots is not None and not any(r == resolved or r in resolved.parents for r in self.roots):
                 raise outside_roots("dataset file", self.roots)
             if not resolved.is_file():

@@ -23,7 +23,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 
 from alloy.errors import AlloyError, ErrorCode, model_not_found, validation_failed
-from alloy.ids import confined_path
+from alloy.ids import confined_path, expand_home
 from alloy.model_manifest import PICKLE_SUFFIXES, ModelManifest
 from alloy.registry.adapters import ADAPTER_MODEL_TYPE, Kind, read_entry_manifest
 from alloy.registry.ids import check_id, namespace_clashes
@@ -232,9 +232,7 @@ class ModelRegistry:
 
     def _confined_local(self, source: str | os.PathLike) -> Path:
         # The error never names the configured roots: clients learn nothing about the server's folders.
-        path = confined_path(
-            Path(str(source).removeprefix("file://")).expanduser(), self.allowed_roots, kind="model path"
-        )
+        path = confined_path(expand_home(str(source).removeprefix("file://")), self.allowed_roots, kind="model path")
         if not path.is_dir():
             raise validation_failed("model path is not a folder", path=str(source))
         return path

@@ -70,6 +70,8 @@ def test_refusals(datasets, files, tmp_path):
             ErrorCode.VALIDATION_FAILED,
         ),
         (lambda: datasets.register("e", {"bad split!": files["train"]}), ErrorCode.VALIDATION_FAILED),
+        # a home of a user that does not exist (pathlib's expanduser raised RuntimeError: a 500 the fuzzer found)
+        (lambda: datasets.register("e", '~w,:d/&/:0a"1s/BDX=e6JB'), ErrorCode.VALIDATION_FAILED),
         (lambda: datasets.read_split("d", "validation"), ErrorCode.NOT_FOUND),
         (lambda: datasets.get("nope"), ErrorCode.NOT_FOUND),
     ]

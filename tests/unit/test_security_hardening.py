@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from alloy.errors import AlloyError, ErrorCode
-from alloy.ids import MAX_ID_LENGTH, ResourceId, confined_path, validate_resource_id
+from alloy.ids import MAX_ID_LENGTH, ResourceId, confined_path, expand_home, validate_resource_id
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE_PACKAGES = ("alloy", "kernels", "deployments", "serve_app", "evolution")
@@ -76,6 +76,12 @@ def test_confined_path(tmp_path):
         if bad and "\x00" not in bad:
             assert str(root.resolve()) in caught.value.message
             assert caught.value.details["allowed_roots"] == [str(root.resolve())]
+
+
+def test_expand_home_expands_a_known_home_and_leaves_an_unknown_users_path_as_written():
+    assert expand_home("~/x") == Path(os.path.expanduser("~")) / "x"
+    assert expand_home("~no-such-user-here/x") == Path("~no-such-user-here/x")
+    assert expand_home('~w,:d/&/:0a"1s/BDX=e6JB') == Path('~w,:d/&/:0a"1s/BDX=e6JB')  # Path.expanduser raised
 
 
 # -- no unsafe deserialisation ---------------------------------------------------------------------------------
