@@ -77,6 +77,9 @@ def test_merge_from_the_form_followed_live_to_completed(page, alloy_service, ser
     page.wait_for_url("**/ui/#/jobs/*")
     page.wait_for_selector("#job-state [data-state=COMPLETED]", timeout=240_000)
     page.wait_for_selector("#result-model")
+    # A fast merge may be COMPLETED when the page first reads the job (state and result come from that read);
+    # the timeline is the event stream's, which replays the job's events from the first: wait for its last.
+    page.wait_for_selector("#timeline li.COMPLETED")
     timeline = page.locator("#timeline li").all_inner_texts()
     assert [item.split()[0] for item in timeline] == ["CREATED", "PREPARING", "RUNNING", "COMPLETED"]
     # The timeline and the event log are filled only by the event stream: the page was never reloaded.
