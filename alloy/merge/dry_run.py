@@ -8,6 +8,7 @@ The plan is the executor's own (:func:`alloy.merge.executor.prepare`), the shard
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -102,9 +103,12 @@ def dry_run(
     """The report for ``recipe`` over models described by ``manifests``. INCOMPATIBLE_MODELS is the verdict,
     not an error; every other refusal (VALIDATION_FAILED, INVALID_STRATEGY...) is raised as the merge would.
     ``threads``: the torch threads of each merge thread (0: the method's default, :mod:`alloy.merge.threads`);
-    ``startup_s``: the merge process's start when the caller measured it (the CLI: its own start so far)."""
+    ``startup_s``: the merge's start before it plans, when the caller knows it (the CLI: its own process start so
+    far; a warm merge engine: 0), to which the dry run adds its own planning time, the merge's next step; None: the
+    calibrated STARTUP_S of a fresh process."""
     from alloy.merge.executor import output_tensors, prepare  # the executor imports this module's neighbours
 
+    planning = time.perf_counter()
     try:
         plan = prepare(recipe, manifests)
     except AlloyError as exc:
@@ -117,6 +121,7 @@ def dry_run(
             base_model=recipe.base,
             compatibility=verdict,
         )
+    planned_s = time.perf_counter() - planning
     layout = split_into_shards(output_tensors(plan), shard_bytes)
     shards = [
         ShardPlanView(file=shard_name(n, len(layout)), tensors=len(members), bytes=sum(t.nbytes for t in members))
@@ -138,7 +143,7 @@ def dry_run(
         load=load if load is not None else present_load(),  # sampled once: 0.4 s of readings
         slowness=speed,
         kernel_ns=kernel_ns,
-        startup_s=startup_s,
+        startup_s=None if startup_s is None else startup_s + planned_s,
     )
     disk = sum(s.bytes for s in shards)
     return DryRunReport(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -56,6 +57,29 @@ def test_the_plan_and_shards_are_what_the_merge_writes(family, tmp_path):
     density = next(p for p in report.parameters if p.name == "density")
     assert density.scope == "per_input" and density.min == 0.2 and density.max == 0.8  # the gradient, resolved
     assert report.estimates.peak_memory_bytes >= BASE_RSS_BYTES
+
+
+def test_a_given_start_replaces_the_calibrated_one_and_the_planning_time_is_added(family, monkeypatch):
+    """A warm engine's dry run (start 0) leaves out a fresh process's calibrated start; a given start counts, with
+    the dry run's own planning time on top (here a planning made to take 0.3 s)."""
+    base, tunes = family
+    recipe = ties_recipe(base, tunes)
+    fixed = {"cpus": 2, "load": 0.0}
+    monkeypatch.setattr("alloy.merge.dry_run.slowness", lambda: 1.0)
+    calibrated = dry_run(recipe, manifests_of(recipe), **LIMITS, **fixed).estimates
+    warm = dry_run(recipe, manifests_of(recipe), **LIMITS, **fixed, startup_s=0.0).estimates
+    started = dry_run(recipe, manifests_of(recipe), **LIMITS, **fixed, startup_s=1.0).estimates
+    assert calibrated.cpu_seconds - warm.cpu_seconds == pytest.approx(footprint.STARTUP_S, abs=0.1)
+    assert started.cpu_seconds - warm.cpu_seconds == pytest.approx(1.0, abs=0.1)
+    assert warm.wall_seconds < 1.0 < footprint.STARTUP_S <= calibrated.wall_seconds
+
+    def slow_prepare(*args, **kwargs):
+        time.sleep(0.3)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr("alloy.merge.executor.prepare", slow_prepare)
+    slow = dry_run(recipe, manifests_of(recipe), **LIMITS, **fixed, startup_s=0.0).estimates
+    assert slow.cpu_seconds - warm.cpu_seconds == pytest.approx(0.3, abs=0.1)
 
 
 def test_incompatible_models_are_a_verdict_not_an_error(tiny_model_factory):
