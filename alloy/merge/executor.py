@@ -239,11 +239,9 @@ def _run_tasks(
         inputs = [read() for read in sources] if io is None else list(io.map(lambda read: read(), sources))
         out = compute_tensor(plan, task, inputs, device=device, owned=True)
         del inputs
-        return (
-            writer.write(task.output_name, out)
-            if io is None
-            else _write_spread(writer, task.output_name, out, io, lanes)
-        )
+        if io is None:
+            return writer.write(task.output_name, out)
+        return writer.write_split(task.output_name, out, io, lanes)
 
     def work_alone(task: TensorTask) -> int:
         """A task over the budget runs alone (the submit loop waited for the others): it takes every merge thread's
@@ -313,17 +311,6 @@ def _run_tasks(
         raise
     finally:
         pool.shutdown(wait=True)
-
-
-def _write_spread(writer: ShardedWriter, name: str, out: torch.Tensor, io: ThreadPoolExecutor, parts: int) -> int:
-    """``writer.write(name, out)`` as ``parts`` pieces written on ``io``'s threads (the same bytes, same offsets)."""
-    slot = writer.slots[name]
-    if out.device.type != "cpu" or out.dtype != slot.dtype or tuple(out.shape) != slot.shape:
-        return writer.write(name, out)  # a GPU tensor, or the planned-versus-got error
-    flat = out.contiguous().view(-1)
-    step = max(1, -(-flat.numel() // parts))
-    starts = range(0, flat.numel(), step)
-    return sum(io.map(lambda start: writer.write_range(name, start, flat[start : start + step]), starts))
 
 
 def merge_state_dicts(

@@ -15,6 +15,7 @@ import os
 import struct
 import threading
 from collections.abc import Collection
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,6 +250,17 @@ class ShardedWriter:
         if flat.numel():
             _write_exact(self._fd_by_path[slot.file], flat.numpy().data, slot.start + offset)
         return flat.numel()
+
+    def write_split(self, name: str, tensor: torch.Tensor, pool: Executor, parts: int) -> int:
+        """:meth:`write` as ``parts`` pieces written at once on ``pool``'s threads (the same bytes at the same
+        offsets: a system call holds no GIL, so the pieces' writes overlap); returns the byte count."""
+        slot = self.slots[name]
+        if parts < 2 or tensor.device.type != "cpu" or tensor.dtype != slot.dtype or tuple(tensor.shape) != slot.shape:
+            return self.write(name, tensor)  # in one piece: a GPU tensor, or the planned-versus-got error
+        flat = tensor.detach().contiguous().view(-1)
+        step = max(1, -(-flat.numel() // parts))
+        starts = range(0, flat.numel(), step)
+        return sum(pool.map(lambda start: self.write_range(name, start, flat[start : start + step]), starts))
 
     def finish(self, index: bool = True) -> None:
         """Flush the shards to disk and write the index (unless ``index`` is False)."""

@@ -3,6 +3,7 @@ working bytes in the budget, pieces read and written at the right offsets."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,23 @@ def test_pieces_are_read_and_written_at_their_offsets(tmp_path):
     writer.finish()
     reader.close()
     assert torch.equal(load_file(out / "model-00001-of-00001.safetensors")["w"], tensor)
+
+
+def test_a_tensor_written_split_on_threads_is_the_bytes_written_whole(tmp_path):
+    tensor = torch.randn(37, 29)  # 1073 elements: three pieces of 358, 358 and 357
+    planned = [PlannedTensor("w", torch.float32, (37, 29)), PlannedTensor("v", torch.float32, (5,))]
+    folders = {way: tmp_path / way for way in ("whole", "split")}
+    for way, folder in folders.items():
+        folder.mkdir()
+        writer = ShardedWriter(folder, planned, 10**6)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            if way == "whole":
+                assert writer.write("w", tensor) == tensor.numel() * 4
+            else:
+                assert writer.write_split("w", tensor, pool, parts=3) == tensor.numel() * 4
+                with pytest.raises(ValueError):  # the planned-versus-got check holds for a split write too
+                    writer.write_split("v", torch.zeros(6), pool, parts=3)
+            writer.write("v", torch.ones(5))
+        writer.finish()
+    files = [(folder / "model-00001-of-00001.safetensors").read_bytes() for folder in folders.values()]
+    assert files[0] == files[1]
