@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -65,14 +65,17 @@ def _chunks(numel: int, size: int = CHUNK):
 
 @dataclass(frozen=True)
 class _Order:
-    """The m-th largest key, how many keys are above it and how many equal it."""
+    """The m-th largest key, how many keys are above it and how many equal it; ``band``, when the key was found in
+    a band of keys (every key equal to it is in the band): ``(piece start, its in-band keys in position order)`` for
+    each piece, so the ties can be located without another pass over the tensor."""
 
     key: int
     above: int
     equal: int
+    band: list[tuple[int, torch.Tensor]] | None = field(default=None, compare=False, repr=False)
 
 
-def _identity(keys: torch.Tensor) -> torch.Tensor:
+def _identity(keys: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     return keys
 
 
@@ -107,19 +110,25 @@ def _banded(source: torch.Tensor, m: int, keys_of) -> _Order | None:
         return _counted(source, m, keys_of, high)
     limit = max(DIRECT_LIMIT, int(source.numel() * BAND_LIMIT))
     above, band, banded = 0, [], 0
+    # one set of piece buffers for the whole pass (WHY: a fresh 512 KB key tensor per piece cost its page faults,
+    # a fifth of the pass)
+    size = min(CHUNK, source.numel())
+    keys_buffer = torch.empty(size, dtype=torch.float32)
+    over_buffer, inside_buffer = (torch.empty(size, dtype=torch.bool) for _ in range(2))
     for start, end in _chunks(source.numel()):
-        keys = keys_of(source[start:end])
-        over = keys > high
+        count = end - start
+        keys = keys_of(source[start:end], out=keys_buffer[:count])
+        over = torch.gt(keys, high, out=over_buffer[:count])
         above += int(torch.count_nonzero(over))
-        inside = keys[(keys >= low) ^ over]  # over is a subset of keys >= low
+        inside = keys[torch.ge(keys, low, out=inside_buffer[:count]).logical_xor_(over)]  # over: a subset of >= low
         banded += inside.numel()
         if banded > limit:
             return None
-        band.append(inside)
+        band.append((start, inside))
     if not above < m <= above + banded:
         return None
-    within = _order(torch.cat(band), m - above, _identity)
-    return _Order(within.key, above + within.above, within.equal)
+    within = _order(torch.cat([keys for _, keys in band]), m - above, _identity)
+    return _Order(within.key, above + within.above, within.equal, band)
 
 
 def _counted(source: torch.Tensor, m: int, keys_of, key: int) -> _Order | None:
@@ -170,13 +179,16 @@ def _order(source: torch.Tensor, m: int, keys_of=magnitude_keys) -> _Order:
     return _radix(source if keys_of is magnitude_keys else source.view(torch.float32), m)
 
 
-def _tie_end(flat: torch.Tensor, key: int, wanted: int) -> int:
-    """Flat position just past the ``wanted``-th entry whose key equals ``key`` (wanted >= 1)."""
+def _tie_end(flat: torch.Tensor, order: _Order, wanted: int) -> int:
+    """Flat position just past the ``wanted``-th entry whose key equals ``order.key`` (wanted >= 1). With the band
+    the key was found in, only the band's keys are counted and one piece is searched."""
     seen = 0
-    for start, end in _chunks(flat.numel()):
-        equal = magnitude_keys(flat[start:end]) == key
-        count = int(torch.count_nonzero(equal))
+    for start, in_band in order.band or [(start, None) for start, _ in _chunks(flat.numel())]:
+        end = min(flat.numel(), start + CHUNK)
+        candidates = magnitude_keys(flat[start:end]) if in_band is None else in_band
+        count = int(torch.count_nonzero(candidates == order.key))
         if seen + count >= wanted:
+            equal = magnitude_keys(flat[start:end]) == order.key
             return start + int(torch.nonzero(equal)[wanted - seen - 1]) + 1
         seen += count
     raise AssertionError("fewer tied entries than counted")
@@ -188,7 +200,7 @@ def top_cut(flat: torch.Tensor, m: int) -> Cut:
     wanted = m - order.above  # tied entries to keep, 1..equal
     if wanted == order.equal:
         return Cut(order.key, flat.numel())
-    return Cut(order.key, _tie_end(flat, order.key, wanted))
+    return Cut(order.key, _tie_end(flat, order, wanted))
 
 
 # --- applying a cut ---------------------------------------------------------------------------------------------

@@ -96,6 +96,22 @@ def test_every_path_finds_the_same_threshold(make):
     assert orders(randn(400_000, 8), 123_456)[1] is not None  # random data takes the sampled band
 
 
+def test_ties_at_the_threshold_in_many_pieces_are_kept_by_position_from_the_band():
+    """Threshold ties spread over many pieces: the sampled band holds every tie, and the cut keeps the first ones
+    by position (located from the band's keys, without another pass over the tensor)."""
+    x = randn(1_000_000, 12)
+    tied = torch.randperm(x.numel(), generator=torch.Generator().manual_seed(13))[:6000]
+    value = float(x.abs().median())
+    x[tied] = torch.where(torch.arange(6000) % 2 == 0, value, -value)
+    order = ranked(x)
+    above, equal = int(torch.count_nonzero(x.abs() > value)), int(torch.count_nonzero(x.abs() == value))
+    assert equal >= 6000
+    for m in (above + 1, above + equal // 2, above + equal - 1):
+        found = selection._banded(x, m, selection.magnitude_keys)
+        assert found is not None and found.band is not None and found.equal == equal
+        assert torch.equal(top_k_mask(x, m), reference_band(x, 0, m, order)), m
+
+
 def test_a_missed_bracket_falls_back_to_an_exact_answer(monkeypatch):
     x = randn(200_000, 3)
     monkeypatch.setattr(selection, "_bracket", lambda source, m, keys_of: (0, 1))  # brackets nothing useful
