@@ -63,3 +63,29 @@ def test_a_64_mib_buffer_takes_a_fraction_of_the_page_faults():
     off, on = faults("off"), faults("on")
     assert off >= 16_000  # 4 KiB pages: one fault each
     assert on * 8 < off
+
+
+KEPT = """
+import ctypes, sys
+from alloy.merge.allocator import fix_mmap_threshold
+if sys.argv[1] == "fixed":
+    fix_mmap_threshold()
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.free.argtypes, libc.mallinfo2.restype = ctypes.c_void_p, [ctypes.c_void_p], Info
+blocks = [libc.malloc(512 * 1024) for _ in range(16)]  # piece-sized, under the mmap threshold: from the heap
+for block in reversed(blocks):
+    libc.free(block)
+print(libc.mallinfo2().keepcost)  # free bytes left at the top of the heap, ready for the next pieces
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_freed_piece_temporaries_stay_in_the_heap_for_the_next_pieces():
+    def kept(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", KEPT, mode], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    assert kept("fixed") >= 8 * 512 * 1024  # 8 MB freed: kept, not handed back and faulted in again
+    assert kept("default") < 8 * 512 * 1024  # what the test tells apart: glibc's default trims at 128 KiB
