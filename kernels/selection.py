@@ -12,7 +12,8 @@ How the threshold is found (all counts are integers, so the result never depends
 
 1. a fixed pseudo-random sample of the keys (seeded, so the same tensor always gives the same sample) brackets
    the m-th largest key between ``low`` and ``high`` with a wide margin;
-2. one chunked pass counts the keys above ``high`` and gathers the keys inside the bracket (a few percent);
+2. one chunked pass counts the keys above ``high`` and gathers the keys inside the bracket (a few percent; for a
+   small m, every key at or above ``low``, uncounted);
 3. the exact key is the right order statistic of that small band (``kthvalue``).
 
 When the bracket misses (or the band would be large: heavy ties), an exact two-level radix histogram of the bits
@@ -36,6 +37,7 @@ SAMPLE = 1 << 16  # keys drawn to bracket the threshold
 SAMPLE_SEED = 0x5E1EC7  # fixed: the sample (hence only the speed, never the result) is a function of the tensor
 MARGIN_SIGMAS = 5.0  # bracket half-width in binomial standard deviations of the sampled rank
 BAND_LIMIT = 1 / 16  # a band holding more than this fraction of the entries goes to the radix histogram
+TOP_ONLY = 1 / 32  # keeping at most this fraction, the band is every key above the bracket's low end (_banded)
 DIRECT_LIMIT = 1 << 16  # tensors this small are selected directly with kthvalue
 HIGH_BINS = 1 << 15  # keys are < 2**31: the high 16 bits take 2**15 values
 LOW_BINS = 1 << 16
@@ -104,10 +106,14 @@ def _bracket(source: torch.Tensor, m: int, keys_of) -> tuple[int, int]:
 
 def _banded(source: torch.Tensor, m: int, keys_of) -> _Order | None:
     """The m-th largest key, found inside the band of keys between the sample's bracket (itself selected the same
-    way); None when the bracket missed or the band grew past BAND_LIMIT."""
+    way); None when the bracket missed or the band grew past BAND_LIMIT. For a small m (``m <= numel *
+    TOP_ONLY``) the band is every key at or above the bracket's low end: the m largest are among them, so no key
+    is compared with the high end nor counted above it (WHY: those were a third of the pass; Model Breadcrumbs
+    cuts its top 1 % so on every tensor)."""
     low, high = _bracket(source, m, keys_of)
     if low == high:  # the sample sees one key around the threshold (heavy ties, e.g. an all-zero task vector)
         return _counted(source, m, keys_of, high)
+    top_only = m <= source.numel() * TOP_ONLY
     limit = max(DIRECT_LIMIT, int(source.numel() * BAND_LIMIT))
     above, band, banded = 0, [], 0
     # one set of piece buffers for the whole pass (WHY: a fresh 512 KB key tensor per piece cost its page faults,
@@ -118,9 +124,12 @@ def _banded(source: torch.Tensor, m: int, keys_of) -> _Order | None:
     for start, end in _chunks(source.numel()):
         count = end - start
         keys = keys_of(source[start:end], out=keys_buffer[:count])
-        over = torch.gt(keys, high, out=over_buffer[:count])
-        above += int(torch.count_nonzero(over))
-        inside = keys[torch.ge(keys, low, out=inside_buffer[:count]).logical_xor_(over)]  # over: a subset of >= low
+        inside_mask = torch.ge(keys, low, out=inside_buffer[:count])
+        if not top_only:
+            over = torch.gt(keys, high, out=over_buffer[:count])
+            above += int(torch.count_nonzero(over))
+            inside_mask.logical_xor_(over)  # over is a subset of keys >= low
+        inside = keys[inside_mask]
         banded += inside.numel()
         if banded > limit:
             return None

@@ -96,16 +96,18 @@ def test_every_path_finds_the_same_threshold(make):
     assert orders(randn(400_000, 8), 123_456)[1] is not None  # random data takes the sampled band
 
 
-def test_ties_at_the_threshold_in_many_pieces_are_kept_by_position_from_the_band():
+# 0.99: a top cut small enough to band without its high end (fewer ties, or the sample sees only the tied value)
+@pytest.mark.parametrize("quantile,ties", [(0.5, 6000), (0.99, 600)])
+def test_ties_at_the_threshold_in_many_pieces_are_kept_by_position_from_the_band(quantile, ties):
     """Threshold ties spread over many pieces: the sampled band holds every tie, and the cut keeps the first ones
     by position (located from the band's keys, without another pass over the tensor)."""
     x = randn(1_000_000, 12)
-    tied = torch.randperm(x.numel(), generator=torch.Generator().manual_seed(13))[:6000]
-    value = float(x.abs().median())
-    x[tied] = torch.where(torch.arange(6000) % 2 == 0, value, -value)
+    tied = torch.randperm(x.numel(), generator=torch.Generator().manual_seed(13))[:ties]
+    value = float(x.abs().quantile(quantile))
+    x[tied] = torch.where(torch.arange(ties) % 2 == 0, value, -value)
     order = ranked(x)
     above, equal = int(torch.count_nonzero(x.abs() > value)), int(torch.count_nonzero(x.abs() == value))
-    assert equal >= 6000
+    assert equal >= ties
     for m in (above + 1, above + equal // 2, above + equal - 1):
         found = selection._banded(x, m, selection.magnitude_keys)
         assert found is not None and found.band is not None and found.equal == equal
@@ -117,6 +119,10 @@ def test_a_missed_bracket_falls_back_to_an_exact_answer(monkeypatch):
     monkeypatch.setattr(selection, "_bracket", lambda source, m, keys_of: (0, 1))  # brackets nothing useful
     assert selection._banded(x, 100_000, selection.magnitude_keys) is None
     assert torch.equal(top_k_mask(x, 100_000), reference_band(x, 0, 100_000))
+    # a small cut, banded from the low end alone, whose low end is above its threshold
+    monkeypatch.setattr(selection, "_bracket", lambda source, m, keys_of: (0x7F000000, 0x7F000001))
+    assert 1000 <= x.numel() * selection.TOP_ONLY and selection._banded(x, 1000, selection.magnitude_keys) is None
+    assert torch.equal(top_k_mask(x, 1000), reference_band(x, 0, 1000))
 
 
 @pytest.mark.parametrize("density", [1e-9, 0.01, 0.5, 0.9, 1 - 1e-6])
