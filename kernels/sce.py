@@ -9,6 +9,7 @@ dtype of mergekit's masks (memory); it changes nothing here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -117,19 +118,25 @@ def sce_by_pieces(base: torch.Tensor, deltas: list[torch.Tensor], select_topk: f
     entry, so the same bits), the result written into the first delta's buffer. WHY: on whole tensors the mean,
     the variance, a difference, the mask, the elected sum, the divisor and the mixed sum are alive together, 4
     tensor-sized temporaries beside the inputs (SCE peaked at 0.51x mergekit's memory where TIES peaks at 0.38x).
-    Only the variance stays whole (its top-k is a whole-tensor selection) and the keep mask (a byte an entry)."""
+    Only the variance stays whole (its top-k is a whole-tensor selection), then made the keep factors in place."""
     flats, numel = [d.view(-1) for d in deltas], deltas[0].numel()
     if select_topk < 1:
         values = torch.empty(numel, dtype=torch.float32)
         for piece in _pieces(numel):
             values[piece] = variance([f[piece] for f in flats])
         k = int(int(torch.count_nonzero(values)) * select_topk) if select_topk > 0 else 0
-        keep = selection.cut_mask(values, selection.top_cut(values, k)) if 0 < k < numel else None
-        del values
         if k < numel:  # else every entry is kept (x * True is x)
+            keep = _keep_factors_(values, k)  # float factors; where a variance is not finite, the bool mask
+            if keep is None:
+                keep = (
+                    selection.cut_mask(values, selection.top_cut(values, k))
+                    if k
+                    else torch.zeros(numel, dtype=torch.bool)
+                )
             for piece in _pieces(numel):
                 for flat in flats:
-                    flat[piece].mul_(keep[piece] if keep is not None else False)
+                    flat[piece].mul_(keep[piece])
+        del values
     weights = sce_weights(deltas)
     flat_base = base.reshape(-1)
     for piece in _pieces(numel):
@@ -140,6 +147,21 @@ def sce_by_pieces(base: torch.Tensor, deltas: list[torch.Tensor], select_topk: f
 
 
 PIECE = pieces.PIECE  # elements per step of sce_by_pieces: its temporaries stay in cache
+
+
+def _keep_factors_(values: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The flat variances ``values`` (the caller's scratch) made, in place, each entry's factor: 1.0 among the
+    ``k`` (< numel) largest, +0 elsewhere, what multiplying by the bool top-k mask multiplies by; None (values
+    untouched) when a variance is not finite: sign(NaN) is NaN, where the mask's True is 1. WHY: a float times a
+    bool mask was 8x slower than float times float (0.81 against 0.10 ns an entry), once for every model. Kept
+    variances are positive (k counts the nonzero ones), so their sign is 1."""
+    if not math.isfinite(float(values.sum())):  # a sum of non-negatives: not finite iff an entry is (or overflow)
+        return None
+    if k > 0:
+        selection.keep_cut_(values, selection.top_cut(values, k))
+    else:
+        values.zero_()
+    return values.sign_()
 
 
 def _pieces(numel: int):

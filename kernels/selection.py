@@ -24,7 +24,7 @@ the CPU cache, which is most of the speed: every pass over a chunk after the fir
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -192,7 +192,10 @@ def _tie_end(flat: torch.Tensor, order: _Order, wanted: int) -> int:
     """Flat position just past the ``wanted``-th entry whose key equals ``order.key`` (wanted >= 1). With the band
     the key was found in, only the band's keys are counted and one piece is searched."""
     seen = 0
-    for start, in_band in order.band or [(start, None) for start, _ in _chunks(flat.numel())]:
+    pieces: Iterable[tuple[int, torch.Tensor | None]] = order.band or [
+        (start, None) for start, _ in _chunks(flat.numel())
+    ]
+    for start, in_band in pieces:
         end = min(flat.numel(), start + CHUNK)
         candidates = magnitude_keys(flat[start:end]) if in_band is None else in_band
         count = int(torch.count_nonzero(candidates == order.key))
