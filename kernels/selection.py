@@ -24,6 +24,7 @@ the CPU cache, which is most of the speed: every pass over a chunk after the fir
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -38,7 +39,9 @@ SAMPLE_SEED = 0x5E1EC7  # fixed: the sample (hence only the speed, never the res
 MARGIN_SIGMAS = 5.0  # bracket half-width in binomial standard deviations of the sampled rank
 BAND_LIMIT = 1 / 16  # a band holding more than this fraction of the entries goes to the radix histogram
 TOP_ONLY = 1 / 32  # keeping at most this fraction, the band is every key above the bracket's low end (_banded)
-DIRECT_LIMIT = 1 << 16  # tensors this small are selected directly with kthvalue
+# tensors (and bands) this small are selected directly with kthvalue: measured on int32 keys, kthvalue took 0.85 ms
+# for 65,536 keys against 2.6 ms by sampled band, 3.5 against 4.0 for 262,144 and 7.5 against 4.0 for 500,000
+DIRECT_LIMIT = 1 << 18
 HIGH_BINS = 1 << 15  # keys are < 2**31: the high 16 bits take 2**15 values
 LOW_BINS = 1 << 16
 
@@ -255,8 +258,9 @@ INF_KEY = 0x7F800000  # the key of inf; larger keys are NaN
 
 
 def _key_value(key: int) -> float:
-    """The float32 magnitude whose bit pattern is ``key`` (exact as a Python float)."""
-    return float(torch.tensor([key], dtype=torch.int32).view(torch.float32))
+    """The float32 magnitude whose bit pattern is ``key`` (exact as a Python float; struct, not a tensor: this is
+    called for every piece)."""
+    return struct.unpack("<f", struct.pack("<i", key))[0]
 
 
 def _shrink_(piece: torch.Tensor, key: int, inclusive: bool) -> None:
